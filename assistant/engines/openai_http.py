@@ -1,0 +1,102 @@
+"""vLLM (or any OpenAI-compatible server) over HTTP: ``POST {BASE_URL}/chat/completions``.
+
+One ``httpx.AsyncClient`` per event loop is shared by every request, so connections stay alive
+between requests and the TCP and HTTP setup is not paid on the path to the first token. Closing
+the stream closes the upstream response; the server sees the connection drop and aborts the
+request (vLLM frees the sequence's KV cache at once).
+"""
+
+import asyncio
+import json
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from .base import BaseEngine, ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
+
+
+class OpenAIHTTPEngine(BaseEngine):
+    name = "vllm"
+
+    def __init__(self, alias: str, options: dict[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.base_url = str(options.get("BASE_URL") or "http://127.0.0.1:8000/v1").rstrip("/")
+        self.model = str(options.get("MODEL") or "")
+        self.api_key = str(options.get("API_KEY") or "")
+        self.connect_timeout = float(options.get("CONNECT_TIMEOUT", 5.0))
+        self.read_timeout = float(options.get("READ_TIMEOUT", 60.0))
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def client(self) -> httpx.AsyncClient:
+        """The shared client of the running event loop."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+            self._clients[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], params: GenerationParams
+    ) -> AsyncIterator[Delta]:
+        client = self.client()
+        payload = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "stream": True,
+        }
+        request = client.build_request("POST", "/chat/completions", json=payload)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"Cannot reach the model server: {exc!r}") from exc
+        try:
+            if response.status_code != 200:
+                detail = (await response.aread())[:300].decode("utf-8", "replace")
+                raise EngineUnavailable(
+                    f"The model server answered {response.status_code}: {detail}"
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                for delta in _parse_chunk(data):
+                    yield delta
+        except httpx.TransportError as exc:
+            raise EngineError(
+                f"The model server stream broke: {exc!r}", code="upstream_closed"
+            ) from exc
+        finally:
+            await response.aclose()
+
+
+def _parse_chunk(data: str) -> list[Delta]:
+    try:
+        chunk = json.loads(data)
+        choice = chunk["choices"][0] if chunk.get("choices") else {}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise EngineError("The model server sent a malformed chunk.", code="bad_chunk") from exc
+    if not isinstance(choice, dict):
+        raise EngineError("The model server sent a malformed chunk.", code="bad_chunk")
+    text = (choice.get("delta") or {}).get("content") or ""
+    finish = choice.get("finish_reason")
+    return [Delta(text, finish_reason=finish)] if (text or finish) else []

@@ -1,0 +1,41 @@
+"""Every error a client can cause or see: a stable code, an HTTP status and one clear message."""
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError:
+    status: int
+    code: str
+    message: str
+
+    def payload(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload()).encode("utf-8")
+
+    def with_message(self, message: str) -> "ApiError":
+        return ApiError(self.status, self.code, message)
+
+
+METHOD_NOT_ALLOWED = ApiError(405, "method_not_allowed", "Use POST to start a chat stream.")
+UNSUPPORTED_MEDIA_TYPE = ApiError(
+    415, "unsupported_media_type", "Send the request body as JSON (Content-Type: application/json)."
+)
+BODY_TOO_LARGE = ApiError(413, "body_too_large", "The request body is too large.")
+INVALID_JSON = ApiError(400, "invalid_json", "The request body is not valid JSON.")
+INVALID_BODY = ApiError(
+    400, "invalid_body", 'Send a JSON object: {"message": "...", "conversation": null}.'
+)
+MESSAGE_MISSING = ApiError(400, "message_missing", "Type a message first.")
+MESSAGE_TOO_LONG = ApiError(400, "message_too_long", "The message is too long.")
+INVALID_CONVERSATION = ApiError(400, "invalid_conversation", "The conversation id is not valid.")
+CONVERSATION_NOT_FOUND = ApiError(404, "conversation_not_found", "No such conversation.")
+CSRF_FAILED = ApiError(403, "csrf_failed", "The page's security token is missing or stale.")
+BAD_HOST = ApiError(400, "bad_host", "This host name is not served here.")
+ENGINE_UNAVAILABLE = ApiError(
+    503, "engine_unavailable", "The model is not available right now. Please try again shortly."
+)
+ENGINE_FAILED = ApiError(500, "engine_error", "The model stopped unexpectedly. Please try again.")

@@ -1,0 +1,65 @@
+"""HTTP helpers for ASGI consumers that run without Django's middleware stack."""
+
+import io
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
+from django.middleware.csrf import CsrfViewMiddleware
+
+from assistant import errors
+
+
+class _CsrfCheck(CsrfViewMiddleware):
+    """Django's own CSRF check, answering with the reason instead of a 403 page."""
+
+    def _reject(self, request: Any, reason: str) -> str:  # type: ignore[override]
+        return reason
+
+
+def _protected_view() -> None:
+    """Stands for the consumer: not csrf_exempt, so the full check applies."""
+
+
+def asgi_request(scope: dict[str, Any], body: bytes) -> ASGIRequest:
+    return ASGIRequest(scope, io.BytesIO(body))
+
+
+def csrf_error(request: ASGIRequest) -> errors.ApiError | None:
+    """Run the checks CsrfViewMiddleware runs for a view (Origin, Referer, token)."""
+    check = _CsrfCheck(lambda r: None)  # type: ignore[arg-type,return-value]
+    try:
+        check.process_request(request)
+        reason = check.process_view(request, _protected_view, (), {})
+    except DisallowedHost:
+        return errors.BAD_HOST
+    if reason is None:
+        return None
+    return errors.CSRF_FAILED.with_message(f"{errors.CSRF_FAILED.message} ({reason})")
+
+
+def header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def session_key(request: ASGIRequest) -> str | None:
+    return request.COOKIES.get(settings.SESSION_COOKIE_NAME) or None
+
+
+def is_json(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() == "application/json"
+
+
+def json_response_headers(
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", b"application/json"),
+        (b"cache-control", b"no-store"),
+        (b"x-content-type-options", b"nosniff"),
+        *(extra or []),
+    ]

@@ -1,0 +1,35 @@
+"""Read-only queries for the pages and the history API."""
+
+import uuid
+from typing import Any
+
+from assistant.models import Conversation, Message
+
+
+def conversation_list(*, owner_key: str, limit: int = 50) -> list[dict[str, Any]]:
+    rows = Conversation.objects.filter(owner_key=owner_key).values(
+        "id", "title", "created_at", "updated_at"
+    )[:limit]
+    return [
+        {
+            **row,
+            "id": str(row["id"]),
+            "created_at": row["created_at"].isoformat(),
+            "updated_at": row["updated_at"].isoformat(),
+        }
+        for row in rows
+    ]
+
+
+def conversation_messages(
+    *, owner_key: str, conversation_id: uuid.UUID
+) -> list[dict[str, Any]] | None:
+    """The messages of the owner's conversation, or None if it is not theirs (or does not exist)."""
+    if not Conversation.objects.filter(id=conversation_id, owner_key=owner_key).exists():
+        return None
+    rows = Message.objects.filter(conversation_id=conversation_id).values(
+        "id", "role", "content", "status", "finish_reason", "created_at"
+    )
+    return [
+        {**row, "id": str(row["id"]), "created_at": row["created_at"].isoformat()} for row in rows
+    ]

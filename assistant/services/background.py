@@ -1,0 +1,35 @@
+"""Work that must finish even when the request that started it is gone.
+
+asyncio keeps only weak references to tasks; a task nobody holds can vanish mid-flight. Saving a
+partial answer after a disconnect is exactly such a task, so every one is held here until done.
+"""
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_tasks: set[asyncio.Task[Any]] = set()
+
+
+def spawn[T](coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    _tasks.add(task)
+    task.add_done_callback(_finished)
+    return task
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("Background task %s failed", task.get_name(), exc_info=task.exception())
+
+
+async def drain(wait_seconds: float = 10.0) -> None:
+    """Wait for the background work of the running loop (shutdown, tests)."""
+    loop = asyncio.get_running_loop()
+    pending = [t for t in _tasks if t.get_loop() is loop]
+    if pending:
+        await asyncio.wait(pending, timeout=wait_seconds)

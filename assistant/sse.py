@@ -1,0 +1,54 @@
+"""Server-Sent Events wire format: one pure encoder, no Django, no I/O.
+
+Follows the WHATWG HTML "server-sent events" grammar. Every frame ends with a blank line, so a
+frame is complete the moment it is written; nothing here buffers. Data containing CR, LF or CRLF
+is split into several ``data:`` lines, which a conforming parser joins back with LF.
+"""
+
+import json
+import re
+from typing import Any
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _field(name: str, value: str) -> str:
+    if _LINE_BREAK.search(value):
+        raise ValueError(f"SSE field {name!r} cannot contain a line break")
+    return f"{name}: {value}\n"
+
+
+def encode_event(
+    data: str,
+    *,
+    event: str | None = None,
+    id: str | None = None,
+    retry_ms: int | None = None,
+) -> bytes:
+    """One complete event frame: optional ``id``/``event``/``retry``, then the data lines."""
+    parts: list[str] = []
+    if id is not None:
+        if "\0" in id:
+            raise ValueError("SSE id cannot contain NUL")
+        parts.append(_field("id", id))
+    if event is not None:
+        parts.append(_field("event", event))
+    if retry_ms is not None:
+        if retry_ms < 0:
+            raise ValueError("SSE retry must be a non-negative integer")
+        parts.append(f"retry: {int(retry_ms)}\n")
+    parts.extend(f"data: {line}\n" for line in _LINE_BREAK.split(data))
+    parts.append("\n")
+    return "".join(parts).encode("utf-8")
+
+
+def encode_json_event(payload: Any, *, event: str, id: str | None = None) -> bytes:
+    """An event whose data is compact JSON (one line: JSON escapes every line break)."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return encode_event(data, event=event, id=id)
+
+
+def encode_comment(text: str = "") -> bytes:
+    """A comment frame (``: text``): ignored by parsers, keeps proxies and watchdogs awake."""
+    lines = _LINE_BREAK.split(text)
+    return ("".join(f": {line}\n" if line else ":\n" for line in lines) + "\n").encode("utf-8")

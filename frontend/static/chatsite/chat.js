@@ -1,0 +1,184 @@
+// The chat page: send a question, show the answer token by token, keep the history.
+import { marked } from "../vendor/marked/marked.esm.js";
+import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+import { streamChat } from "./stream.js";
+
+const config = document.body.dataset;
+const $ = (id) => document.getElementById(id);
+const els = {
+  messages: $("messages"),
+  form: $("ask"),
+  prompt: $("prompt"),
+  send: $("send"),
+  stop: $("stop"),
+  retry: $("retry"),
+  status: $("status"),
+  conversations: $("conversations"),
+  newChat: $("new-chat"),
+};
+
+let conversationId = null;
+let current = null; // the stream in flight
+let lastQuestion = null;
+
+// Model output is untrusted: markdown is rendered by a maintained parser, then sanitised.
+export function renderMarkdown(text) {
+  return DOMPurify.sanitize(marked.parse(text, { async: false }), {
+    USE_PROFILES: { html: true },
+  });
+}
+
+function cookie(name) {
+  const match = document.cookie.match(new RegExp(`(?:^|; )${name}=([^;]*)`));
+  return match ? decodeURIComponent(match[1]) : "";
+}
+
+function bubble(role, text = "", status = "") {
+  const el = document.createElement("article");
+  el.className = `message ${role}`;
+  el.dataset.role = role;
+  const body = document.createElement("div");
+  body.className = "body";
+  if (role === "assistant" && text) body.innerHTML = renderMarkdown(text);
+  else body.textContent = text;
+  el.append(body);
+  if (status && status !== "complete") markStatus(el, status);
+  els.messages.append(el);
+  el.scrollIntoView({ block: "end" });
+  return el;
+}
+
+function markStatus(el, status) {
+  const note = document.createElement("p");
+  note.className = "note";
+  note.textContent = status === "partial" ? "Answer cut short." : "No answer was produced.";
+  el.dataset.status = status;
+  el.append(note);
+}
+
+function setStatus(text, kind = "") {
+  els.status.textContent = text;
+  els.status.className = kind;
+}
+
+function busy(on) {
+  els.send.disabled = on;
+  els.stop.hidden = !on;
+  if (on) els.retry.hidden = true;
+}
+
+async function ask(question) {
+  lastQuestion = question;
+  bubble("user", question);
+  const answer = bubble("assistant");
+  answer.classList.add("streaming");
+  const body = answer.querySelector(".body");
+  let text = "";
+  busy(true);
+  setStatus("Waiting for the first word…");
+  current = streamChat({
+    url: config.streamUrl,
+    body: { message: question, conversation: conversationId },
+    csrfToken: cookie("csrftoken"),
+    firstByteTimeoutMs: Number(config.firstByteTimeoutMs || 5000),
+    idleTimeoutMs: 2 * Number(config.pingIntervalMs || 15000),
+    onEvent(event, data) {
+      if (event === "meta" && data) {
+        conversationId = data.conversation;
+        answer.dataset.requestId = data.request_id;
+      } else if (event === "token" && data) {
+        if (!text) setStatus("");
+        text += data.text;
+        // Plain text while streaming: cheap, and safe whatever the model sends.
+        body.textContent = text;
+      }
+    },
+  });
+  const result = await current.finished;
+  current = null;
+  busy(false);
+  answer.classList.remove("streaming");
+  if (result.outcome === "done" && result.text !== undefined && !text) text = result.text;
+  if (text) body.innerHTML = renderMarkdown(text);
+  if (result.outcome === "done") {
+    setStatus("");
+  } else if (result.outcome === "stopped") {
+    markStatus(answer, text ? "partial" : "failed");
+    setStatus("Stopped.");
+  } else if (result.outcome === "timeout") {
+    markStatus(answer, text ? "partial" : "failed");
+    setStatus(
+      result.code === "first_byte_timeout"
+        ? "The server did not answer within 5 seconds."
+        : "The answer stalled.",
+      "error",
+    );
+    els.retry.hidden = false;
+  } else {
+    markStatus(answer, text ? "partial" : "failed");
+    setStatus(result.message || "Something went wrong.", "error");
+    els.retry.hidden = false;
+  }
+  refreshHistory();
+}
+
+async function getJSON(url) {
+  const response = await fetch(url, { credentials: "same-origin" });
+  if (!response.ok) throw new Error(`${response.status}`);
+  return response.json();
+}
+
+async function refreshHistory() {
+  try {
+    const { conversations } = await getJSON(config.historyUrl);
+    els.conversations.replaceChildren(
+      ...conversations.map((c) => {
+        const li = document.createElement("li");
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = c.title || "Untitled";
+        button.dataset.id = c.id;
+        if (c.id === conversationId) li.className = "active";
+        button.addEventListener("click", () => openConversation(c.id));
+        li.append(button);
+        return li;
+      }),
+    );
+  } catch {
+    // History is a convenience; the chat keeps working without it.
+  }
+}
+
+async function openConversation(id) {
+  if (current) return;
+  const { messages } = await getJSON(`${config.historyUrl}/${id}`);
+  conversationId = id;
+  els.messages.replaceChildren();
+  for (const m of messages) bubble(m.role, m.content, m.status);
+  refreshHistory();
+}
+
+els.form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const question = els.prompt.value.trim();
+  if (!question || current) return;
+  els.prompt.value = "";
+  ask(question);
+});
+els.prompt.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    els.form.requestSubmit();
+  }
+});
+els.stop.addEventListener("click", () => current && current.stop());
+els.retry.addEventListener("click", () => lastQuestion && !current && ask(lastQuestion));
+els.newChat.addEventListener("click", () => {
+  if (current) return;
+  conversationId = null;
+  els.messages.replaceChildren();
+  refreshHistory();
+});
+
+refreshHistory();
+document.body.dataset.ready = "1";

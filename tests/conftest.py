@@ -1,0 +1,53 @@
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import ChatClient, LiveServer, start_daphne
+
+OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the test database in a file, so Daphne processes under test share it."""
+    from django.db import connections
+
+    path = tmp_path_factory.mktemp("db") / "test.sqlite3"
+    connections["default"].settings_dict["TEST"]["NAME"] = str(path)
+
+
+@pytest.fixture(scope="session")
+def output_dir() -> Path:
+    OUTPUT.mkdir(exist_ok=True)
+    return OUTPUT
+
+
+@pytest.fixture(scope="session")
+def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -> Iterator:
+    from django.db import connection
+
+    servers: list[LiveServer] = []
+    workdir = tmp_path_factory.mktemp("daphne")
+
+    def start(**env: str) -> LiveServer:
+        server = start_daphne(workdir=workdir, db_path=connection.settings_dict["NAME"], env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def daphne(daphne_factory) -> LiveServer:
+    """Daphne with the scripted engine (50 ms to the first token, 20 ms between tokens)."""
+    return daphne_factory(CHATSITE_PING_INTERVAL="15")
+
+
+@pytest.fixture
+def chat_client(daphne: LiveServer, transactional_db: None) -> Iterator[ChatClient]:
+    client = ChatClient(daphne)
+    yield client
+    client.close()

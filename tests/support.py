@@ -1,0 +1,205 @@
+"""Test helpers: a real Daphne on loopback, a browser-like HTTP client, an SSE reader."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    events_file: Path
+    log_file: Path
+
+    def engine_events(self, tag: str | None = None) -> list[dict[str, Any]]:
+        """What the scripted engine recorded (start/finish/cancel), optionally for one tag."""
+        if not self.events_file.exists():
+            return []
+        rows = [json.loads(line) for line in self.events_file.read_text().splitlines() if line]
+        return [r for r in rows if tag is None or r.get("tag") == tag]
+
+    def wait_engine_event(self, tag: str, event: str, timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for row in self.engine_events(tag):
+                if row["event"] == event:
+                    return row
+            time.sleep(0.005)
+        raise AssertionError(
+            f"engine never recorded {event!r} for {tag!r}: {self.engine_events(tag)}"
+        )
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = None) -> LiveServer:
+    """Start Daphne with chatsite on a free loopback port and wait until it serves."""
+    port = free_port()
+    events_file = workdir / f"engine-events-{port}.jsonl"
+    log_file = workdir / f"daphne-{port}.log"
+    full_env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings",
+        "CHATSITE_ENGINE": "scripted",
+        "CHATSITE_SQLITE_PATH": db_path,
+        "CHATSITE_SCRIPTED_EVENTS_FILE": str(events_file),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "chatsite.asgi:application",
+        ],
+        cwd=ROOT,
+        env=full_env,
+        stdout=log_file.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    server = LiveServer(f"http://127.0.0.1:{port}", port, process, events_file, log_file)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"daphne did not start:\n{server.log()}")
+
+
+@dataclass
+class Event:
+    event: str
+    data: str
+    id: str | None
+    at: float = 0.0
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+@dataclass
+class SSEReader:
+    """A spec-following SSE parser over raw bytes that stamps each event's arrival time."""
+
+    buffer: str = ""
+    comments: list[str] = field(default_factory=list)
+    _data: list[str] = field(default_factory=list)
+    _event: str = ""
+    _id: str | None = None
+
+    def feed(self, chunk: bytes, at: float | None = None) -> list[Event]:
+        self.buffer += chunk.decode("utf-8")
+        out: list[Event] = []
+        lines = self.buffer.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self.buffer = lines.pop()
+        for line in lines:
+            if line == "":
+                if self._data:
+                    out.append(
+                        Event(
+                            self._event or "message",
+                            "\n".join(self._data),
+                            self._id,
+                            at or time.monotonic(),
+                        )
+                    )
+                self._data, self._event = [], ""
+            elif line.startswith(":"):
+                self.comments.append(line[1:].strip())
+            else:
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "data":
+                    self._data.append(value)
+                elif name == "event":
+                    self._event = value
+                elif name == "id":
+                    self._id = value
+        return out
+
+
+class ChatClient:
+    """An HTTP client that behaves like the page: GET / for cookies, then POST with the token."""
+
+    def __init__(self, server: LiveServer) -> None:
+        self.server = server
+        self.client = httpx.Client(base_url=server.url, timeout=30)
+        self.client.get("/").raise_for_status()
+
+    @property
+    def csrf_token(self) -> str:
+        return self.client.cookies["csrftoken"]
+
+    def post_stream(self, body: Any, **kwargs: Any) -> httpx.Response:
+        headers = {"X-CSRFToken": self.csrf_token, **kwargs.pop("headers", {})}
+        return self.client.post("/api/chat/stream", json=body, headers=headers, **kwargs)
+
+    def stream(self, message: str, conversation: str | None = None) -> Iterator[Event]:
+        """Events of one answer, as they arrive."""
+        reader = SSEReader()
+        headers = {"X-CSRFToken": self.csrf_token}
+        body = {"message": message, "conversation": conversation}
+        with self.client.stream("POST", "/api/chat/stream", json=body, headers=headers) as response:
+            assert response.status_code == 200, response.read()
+            for chunk in response.iter_raw():
+                yield from reader.feed(chunk)
+
+    def ask(self, message: str, conversation: str | None = None) -> list[Event]:
+        return list(self.stream(message, conversation))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def raw_request(port: int, request: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(request)
+    return sock
+
+
+def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
