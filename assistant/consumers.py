@@ -121,9 +121,9 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             await self.send_error(errors.UNSUPPORTED_MEDIA_TYPE)
             return
         request = http.asgi_request(scope, body)
-        csrf_error = http.csrf_error(request)
-        if csrf_error is not None:
-            await self.send_error(csrf_error)
+        rejected = http.request_error(request)
+        if rejected is not None:
+            await self.send_error(rejected)
             return
         request_id = request_id_choose(http.header(scope, b"x-request-id"))
         try:

@@ -26,6 +26,15 @@ def asgi_request(scope: dict[str, Any], body: bytes) -> ASGIRequest:
     return ASGIRequest(scope, io.BytesIO(body))
 
 
+def request_error(request: ASGIRequest) -> errors.ApiError | None:
+    """The checks Django's middleware makes before a view: allowed host, then CSRF."""
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return errors.BAD_HOST
+    return csrf_error(request)
+
+
 def csrf_error(request: ASGIRequest) -> errors.ApiError | None:
     """Run the checks CsrfViewMiddleware runs for a view (Origin, Referer, token)."""
     check = _CsrfCheck(lambda r: None)  # type: ignore[arg-type,return-value]

@@ -185,6 +185,19 @@ class ChatClient:
     def ask(self, message: str, conversation: str | None = None) -> list[Event]:
         return list(self.stream(message, conversation))
 
+    def cookies(self) -> dict[str, str]:
+        return {cookie.name: cookie.value for cookie in self.client.cookies.jar}
+
+    def raw(self, payload: Any, headers: dict[str, str] | None = None) -> "RawResponse":
+        """POST ``payload`` as JSON on a raw socket, with this client's cookies and token."""
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        all_headers = {
+            "Content-Type": "application/json",
+            "X-CSRFToken": self.csrf_token,
+            **(headers or {}),
+        }
+        return raw_post(self.server.port, body, cookies=self.cookies(), headers=all_headers)
+
     def close(self) -> None:
         self.client.close()
 
@@ -203,3 +216,91 @@ def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> An
             return value
         time.sleep(interval)
     raise AssertionError("condition not met in time")
+
+
+class RawResponse:
+    """An HTTP/1.1 response read straight off a socket: exact headers, de-chunked body pieces."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+        head = self._read_until(b"\r\n\r\n")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split()[1])
+        self.headers: list[tuple[str, str]] = []
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            self.headers.append((name.strip().lower(), value.strip()))
+
+    def header(self, name: str) -> str | None:
+        values = [v for k, v in self.headers if k == name.lower()]
+        return values[0] if values else None
+
+    def header_count(self, name: str) -> int:
+        return sum(1 for k, _ in self.headers if k == name.lower())
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buffer += data
+        return bool(data)
+
+    def _read_until(self, marker: bytes) -> bytes:
+        while marker not in self.buffer:
+            if not self._fill():
+                raise ConnectionError("connection closed early")
+        head, _, self.buffer = self.buffer.partition(marker)
+        return head
+
+    def _read_exact(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise ConnectionError("connection closed early")
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def chunks(self) -> Iterator[tuple[float, bytes]]:
+        """Each chunk of a chunked body with the monotonic time it was complete."""
+        assert self.header("transfer-encoding") == "chunked"
+        while True:
+            size = int(self._read_until(b"\r\n").split(b";")[0], 16)
+            if size == 0:
+                self._read_until(b"\r\n")
+                return
+            data = self._read_exact(size)
+            self._read_exact(2)
+            yield time.monotonic(), data
+
+    def events(self) -> Iterator[Event]:
+        reader = SSEReader()
+        for at, data in self.chunks():
+            yield from reader.feed(data, at)
+
+    def body(self) -> bytes:
+        if self.header("transfer-encoding") == "chunked":
+            return b"".join(data for _, data in self.chunks())
+        length = self.header("content-length")
+        if length is not None:
+            return self._read_exact(int(length))
+        while self._fill():
+            pass
+        return self.buffer
+
+
+def raw_post(
+    port: int,
+    body: bytes,
+    *,
+    cookies: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    path: str = "/api/chat/stream",
+    method: str = "POST",
+) -> RawResponse:
+    """Send one request on a new connection and read the response head."""
+    lines = [f"{method} {path} HTTP/1.1", f"Content-Length: {len(body)}"]
+    if not any(k.lower() == "host" for k in headers or {}):
+        lines.append(f"Host: 127.0.0.1:{port}")
+    if cookies:
+        lines.append("Cookie: " + "; ".join(f"{k}={v}" for k, v in cookies.items()))
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    return RawResponse(raw_request(port, request))

@@ -77,7 +77,7 @@ class ScriptedEngine(BaseEngine):
         tag = args.get("tag", "")
         tokens = tokens[: params.max_tokens]
 
-        self._record("start", tag=tag)
+        self._record("start", tag=tag, messages=len(messages))
         self.active += 1
         sent = 0
         try:

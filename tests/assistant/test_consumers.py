@@ -1,0 +1,168 @@
+"""The stream endpoint over real HTTP against Daphne on loopback (scripted engine)."""
+
+import itertools
+import json
+import time
+
+import pytest
+
+from assistant.engines.scripted import default_tokens
+from tests.support import ChatClient, LiveServer, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_headers_say_event_stream_and_forbid_buffering(chat_client: ChatClient) -> None:
+    """The response is an uncompressed, unbuffered, open-ended event stream."""
+    response = chat_client.raw(
+        {"message": "[scripted tokens=2]", "conversation": None},
+        headers={"Accept-Encoding": "gzip, br", "X-Request-Id": "req-abcdef12"},
+    )
+    assert response.status == 200
+    assert response.header("content-type") == "text/event-stream; charset=utf-8"
+    assert response.header("cache-control") == "no-cache, no-transform"
+    assert response.header("x-accel-buffering") == "no"
+    assert response.header("x-request-id") == "req-abcdef12"
+    assert response.header("content-length") is None
+    assert response.header("content-encoding") is None
+    # Chunked framing chosen once, by the server, not by the application.
+    assert response.header_count("transfer-encoding") == 1
+    events = list(response.events())
+    assert events[0].json()["request_id"] == "req-abcdef12"
+
+
+def test_event_sequence_is_open_meta_tokens_done(chat_client: ChatClient) -> None:
+    """`: open` comes first, then meta, one numbered token per delta, and done with timings."""
+    response = chat_client.raw({"message": "[scripted tokens=5]", "conversation": None})
+    chunks = [data for _, data in response.chunks()]
+    assert chunks[0] == b": open\n\n"
+    body = b"".join(chunks).decode()
+    frames = body.split("\n\n")[:-1]
+    assert frames[0] == ": open"
+    assert frames[1].startswith("event: meta\ndata: ")
+    meta = json.loads(frames[1].split("data: ", 1)[1])
+    assert meta["path"] == "direct"
+    assert meta["engine"] == "scripted"
+    assert set(meta) >= {"request_id", "conversation", "message", "user_message"}
+    tokens = default_tokens(5)
+    for n, token in enumerate(tokens, start=1):
+        assert (
+            frames[1 + n]
+            == f"id: {n}\nevent: token\ndata: {json.dumps({'text': token}, separators=(',', ':'))}"
+        )
+    done = frames[7]
+    assert done.startswith("event: done\ndata: ")
+    payload = json.loads(done.split("data: ", 1)[1])
+    assert payload["finish_reason"] == "stop"
+    assert payload["tokens"] == 5
+    timings = payload["timings"]
+    assert 0 < timings["parsed"] <= timings["engine_submitted"] <= timings["first_token_sent"]
+    assert timings["first_token_sent"] <= timings["finished"]
+    assert len(frames) == 8
+
+
+def test_each_token_is_sent_when_generated(chat_client: ChatClient) -> None:
+    """Tokens 60 ms apart at the engine arrive about 60 ms apart, not in a burst."""
+    response = chat_client.raw({"message": "[scripted tokens=10 itl_ms=60]"})
+    arrivals = [e.at for e in response.events() if e.event == "token"]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert len(arrivals) == 10
+    assert arrivals[-1] - arrivals[0] > 0.45
+    assert sum(gap > 0.03 for gap in gaps) >= 8, gaps
+
+
+def test_open_and_meta_arrive_before_the_engine_answers(chat_client: ChatClient) -> None:
+    """The first bytes leave before the engine's first token (which takes 600 ms here)."""
+    sent = time.monotonic()
+    response = chat_client.raw({"message": "[scripted tokens=1 ttft_ms=600]"})
+    events = list(response.events())
+    meta, token = events[0], events[1]
+    assert meta.event == "meta" and token.event == "token"
+    assert meta.at - sent < 0.4
+    assert token.at - sent >= 0.6
+
+
+def test_pings_keep_a_silent_stream_alive(daphne_factory) -> None:
+    """With a 150 ms ping interval, a 700 ms wait for the first token carries pings."""
+    server: LiveServer = daphne_factory(CHATSITE_PING_INTERVAL="0.15")
+    client = ChatClient(server)
+    response = client.raw({"message": "[scripted tokens=2 ttft_ms=700]"})
+    body = b"".join(data for _, data in response.chunks()).decode()
+    before_first_token = body.split("event: token")[0]
+    assert before_first_token.count(": ping\n\n") >= 3
+    assert body.rstrip().split("\n")[-2] == "event: done"
+    client.close()
+
+
+def test_client_disconnect_cancels_the_engine_within_100ms(
+    chat_client: ChatClient, daphne: LiveServer
+) -> None:
+    """Closing the socket mid-answer stops generation at once, and the partial answer is kept."""
+    response = chat_client.raw({"message": "[scripted tokens=200 itl_ms=20 tag=disconnect]"})
+    received = []
+    for event in response.events():
+        if event.event == "token":
+            received.append(event.json()["text"])
+        if len(received) == 3:
+            break
+    closed_at = time.monotonic()
+    response.sock.close()
+    cancel = daphne.wait_engine_event("disconnect", "cancel")
+    assert cancel["t"] - closed_at < 0.1
+    assert 3 <= cancel["tokens"] < 20
+
+    from assistant.models import Message
+
+    answer = wait_for(
+        lambda: (
+            Message.objects.filter(role="assistant", content__startswith="".join(received))
+            .exclude(status="complete")
+            .first()
+        )
+    )
+    assert answer.status == "partial"
+    assert answer.finish_reason == "client_abort"
+    question = Message.objects.get(role="user", conversation=answer.conversation)
+    assert question.content.endswith("tag=disconnect]")
+
+
+def test_engine_failure_before_first_token_is_an_error_event(chat_client: ChatClient) -> None:
+    """Headers are out already, so the failure is an error event; the question is kept."""
+    events = chat_client.ask("[scripted fail_after=0] keep me")
+    assert [e.event for e in events] == ["meta", "error"]
+    error = events[1].json()
+    assert error["code"] == "engine_unavailable"
+    assert "try again" in error["message"]
+
+    from assistant.models import Message
+
+    conversation = events[0].json()["conversation"]
+    saved = wait_for(
+        lambda: (
+            list(Message.objects.filter(conversation_id=conversation).values_list("role", "status"))
+            if Message.objects.filter(conversation_id=conversation, role="assistant").exists()
+            else None
+        )
+    )
+    assert saved == [("user", "complete"), ("assistant", "failed")]
+
+
+def test_engine_failure_mid_answer_keeps_the_partial_answer(chat_client: ChatClient) -> None:
+    events = chat_client.ask("[scripted tokens=10 fail_after=3]")
+    assert [e.event for e in events] == ["meta", "token", "token", "token", "error"]
+    assert events[-1].json()["code"] == "engine_error"
+
+    from assistant.models import Message
+
+    message_id = events[0].json()["message"]
+    answer = wait_for(lambda: Message.objects.filter(id=message_id).first())
+    assert answer.status == "partial"
+    assert answer.content == "".join(default_tokens(3))
+
+
+def test_server_keeps_serving_after_a_disconnect(chat_client: ChatClient) -> None:
+    response = chat_client.raw({"message": "[scripted tokens=100 itl_ms=20]"})
+    next(response.events())
+    response.sock.close()
+    events = chat_client.ask("[scripted tokens=3]")
+    assert events[-1].event == "done"

@@ -1,0 +1,103 @@
+"""Every bad request gets a clear JSON error with a 4xx, and the server keeps serving."""
+
+import json
+import uuid
+
+import pytest
+
+from tests.support import ChatClient, LiveServer, raw_post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def error_of(response) -> tuple[int, str, str]:
+    assert response.header("content-type") == "application/json"
+    payload = json.loads(response.body())
+    return response.status, payload["error"]["code"], payload["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{not json", "invalid_json"),
+        (b"\xff\xfe", "invalid_json"),
+        (b"[]", "invalid_body"),
+        (b'"hello"', "invalid_body"),
+        (b"{}", "message_missing"),
+        (b'{"message": ""}', "message_missing"),
+        (b'{"message": "   \\n "}', "message_missing"),
+        (b'{"message": 42}', "invalid_body"),
+        (b'{"message": "hi", "conversation": "not-a-uuid"}', "invalid_conversation"),
+        (b'{"message": "hi", "conversation": 7}', "invalid_conversation"),
+    ],
+)
+def test_malformed_bodies_get_400(chat_client: ChatClient, body: bytes, code: str) -> None:
+    status, got_code, message = error_of(chat_client.raw(body))
+    assert (status, got_code) == (400, code)
+    assert message and "Traceback" not in message
+
+
+def test_over_long_message_gets_400_naming_the_limit(chat_client: ChatClient) -> None:
+    status, code, message = error_of(chat_client.raw({"message": "x" * 4001}))
+    assert (status, code) == (400, "message_too_long")
+    assert "4000" in message
+
+
+def test_body_over_the_size_limit_gets_413(chat_client: ChatClient) -> None:
+    status, code, _ = error_of(chat_client.raw({"message": "x" * 40_000}))
+    assert (status, code) == (413, "body_too_large")
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+def test_other_methods_get_405_with_allow(daphne: LiveServer, method: str) -> None:
+    response = raw_post(daphne.port, b"", method=method)
+    status, code, _ = error_of(response)
+    assert (status, code) == (405, "method_not_allowed")
+    assert response.header("allow") == "POST"
+
+
+def test_non_json_content_type_gets_415(chat_client: ChatClient) -> None:
+    response = chat_client.raw(b"message=hi", headers={"Content-Type": "text/plain"})
+    assert error_of(response)[:2] == (415, "unsupported_media_type")
+
+
+def test_missing_csrf_token_gets_403(chat_client: ChatClient) -> None:
+    response = raw_post(
+        chat_client.server.port,
+        b'{"message": "hi"}',
+        cookies=chat_client.cookies(),
+        headers={"Content-Type": "application/json"},
+    )
+    status, code, message = error_of(response)
+    assert (status, code) == (403, "csrf_failed")
+    assert "CSRF token missing" in message
+
+
+def test_wrong_csrf_token_gets_403(chat_client: ChatClient) -> None:
+    response = chat_client.raw({"message": "hi"}, headers={"X-CSRFToken": "x" * 32})
+    assert error_of(response)[:2] == (403, "csrf_failed")
+
+
+def test_cross_origin_post_gets_403_even_with_a_token(chat_client: ChatClient) -> None:
+    """Django's Origin check applies: a page on another site cannot start streams."""
+    response = chat_client.raw({"message": "hi"}, headers={"Origin": "https://evil.example"})
+    status, code, message = error_of(response)
+    assert (status, code) == (403, "csrf_failed")
+    assert "Origin" in message
+
+
+def test_unknown_host_gets_400(chat_client: ChatClient) -> None:
+    response = chat_client.raw({"message": "hi"}, headers={"Host": "evil.example"})
+    assert error_of(response)[:2] == (400, "bad_host")
+
+
+def test_unknown_conversation_gets_404(chat_client: ChatClient) -> None:
+    response = chat_client.raw({"message": "hi", "conversation": str(uuid.uuid4())})
+    assert error_of(response)[:2] == (404, "conversation_not_found")
+
+
+def test_the_server_keeps_serving_after_bad_input(chat_client: ChatClient) -> None:
+    for body in (b"{", b"[]", b'{"message": ""}'):
+        assert chat_client.raw(body).status == 400
+    events = chat_client.ask("[scripted tokens=2]")
+    assert events[-1].event == "done"
