@@ -129,6 +129,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         try:
             turn = chat_turn_parse(body)
             engine = get_engine(self.engine_alias)
+            engine.check()
             stream = await chat_stream_prepare(
                 turn=turn,
                 session_key=http.session_key(request),

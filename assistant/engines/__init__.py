@@ -4,6 +4,7 @@
 Each alias is built once per process and shared by every request.
 """
 
+import logging
 import threading
 
 from django.conf import settings
@@ -31,6 +32,8 @@ __all__ = [
     "preload",
 ]
 
+logger = logging.getLogger(__name__)
+
 _engines: dict[str, BaseEngine] = {}
 _lock = threading.Lock()
 
@@ -51,10 +54,18 @@ def get_engine(alias: str = "default") -> BaseEngine:
         return _engines[alias]
 
 
-def preload(alias: str = "default") -> BaseEngine:
-    """Build and load an engine now, so the first request does not pay for it."""
-    engine = get_engine(alias)
-    engine.load()
+def preload(alias: str = "default") -> BaseEngine | None:
+    """Build and load an engine now, so the first request does not pay for it.
+
+    A failure is logged, not raised: the site still starts, serves its pages and history, and
+    answers chat requests with 503 until the engine can take them.
+    """
+    try:
+        engine = get_engine(alias)
+        engine.load()
+    except EngineUnavailable as exc:
+        logger.error("Engine %r is unavailable (%s); chat requests get 503.", alias, exc)
+        return None
     return engine
 
 

@@ -74,6 +74,12 @@ class BaseEngine(ABC):
     ) -> AsyncIterator[Delta]:
         """Generate the assistant's answer to ``messages`` as deltas."""
 
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Raise ``EngineUnavailable`` if this engine cannot take a request now.
+
+        Called before the response starts, so it must be cheap: no I/O, no waiting.
+        """
+
     def queue_depth(self) -> int:
         """Requests waiting for this engine in this process (0 for engines that batch)."""
         return 0

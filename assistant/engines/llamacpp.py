@@ -58,6 +58,7 @@ class LlamaCppEngine(BaseEngine):
         self.n_threads = int(options.get("N_THREADS") or 0) or max(1, os.cpu_count() or 1)
         self._llama: Any = None
         self._load_lock = threading.Lock()
+        self._load_error: EngineUnavailable | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp")
         # The loop adds to the count and the engine thread takes from it: both under this lock.
         self._queue_lock = threading.Lock()
@@ -70,16 +71,29 @@ class LlamaCppEngine(BaseEngine):
             from llama_cpp import Llama
 
             if not self.model_path.is_file():
-                raise EngineUnavailable(f"Model file not found: {self.model_path}", code="no_model")
+                self._load_error = EngineUnavailable(
+                    f"Model file not found: {self.model_path}", code="no_model"
+                )
+                raise self._load_error
             logger.info("Loading %s (%d threads)", self.model_path.name, self.n_threads)
-            self._llama = Llama(
-                model_path=str(self.model_path),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                # llama-cpp-python would give prompt processing every core, whatever N_THREADS says.
-                n_threads_batch=self.n_threads,
-                verbose=False,
-            )
+            try:
+                self._llama = Llama(
+                    model_path=str(self.model_path),
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    # llama-cpp-python would give prompt processing every core otherwise.
+                    n_threads_batch=self.n_threads,
+                    verbose=False,
+                )
+            except Exception as exc:  # a corrupt or incompatible file: llama.cpp says ValueError
+                self._load_error = EngineUnavailable(
+                    f"Cannot load {self.model_path.name}: {exc}", code="model_load_failed"
+                )
+                raise self._load_error from exc
+
+    def check(self) -> None:
+        if self._llama is None and self._load_error is not None:
+            raise self._load_error
 
     def queue_depth(self) -> int:
         """Requests waiting for the engine thread, not counting the one it is decoding."""

@@ -101,3 +101,18 @@ def test_the_server_keeps_serving_after_bad_input(chat_client: ChatClient) -> No
         assert chat_client.raw(body).status == 400
     events = chat_client.ask("[scripted tokens=2]")
     assert events[-1].event == "done"
+
+
+def test_engine_that_cannot_load_gets_503_before_streaming(daphne_factory, tmp_path) -> None:
+    """A broken model file does not stop the site; chat requests get a clear 503."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"this is not a gguf file")
+    server = daphne_factory(CHATSITE_ENGINE="llamacpp", CHATSITE_LLAMACPP_MODEL_PATH=str(broken))
+    client = ChatClient(server)
+    try:
+        status, code, message = error_of(client.raw({"message": "hello"}))
+        assert (status, code) == (503, "engine_unavailable")
+        assert "try again" in message
+        assert "Engine 'default' is unavailable" in server.log()
+    finally:
+        client.close()
