@@ -2,15 +2,40 @@
 
 The async ORM methods (``aget``, ``acreate``) run on one thread shared by every request
 (``thread_sensitive=True``), so with fifty streams open each query waits behind the others.
-Stream persistence is short, independent work: it runs on the default executor's threads instead,
-each with its own connection, cleaned up like Django's request cycle does.
+chatsite's queries are short and independent, so they run on two small pools of their own:
+
+* ``run_db`` for reads on the path to the first token (session, history): they never wait
+  behind a write;
+* ``run_db_write`` for persistence after the first token: one writer by default, which is all
+  SQLite can use at once anyway, so writers queue in memory instead of spinning on the file lock.
+
+Each call is wrapped like Django's request cycle: stale connections are closed before and after,
+and persistent connections (``CONN_MAX_AGE``) are reused between calls on the same thread.
 """
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(kind: str) -> ThreadPoolExecutor:
+    pool = _pools.get(kind)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(kind)
+            if pool is None:
+                size = settings.CHATSITE_DB_THREADS[kind]
+                pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"db-{kind}")
+                _pools[kind] = pool
+    return pool
 
 
 def _with_connection_hygiene[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -21,7 +46,16 @@ def _with_connection_hygiene[**P, R](func: Callable[P, R], *args: P.args, **kwar
         close_old_connections()
 
 
-async def run_db[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """Run the synchronous ``func`` (ORM work) on a worker thread and await its result."""
+async def _run[**P, R](kind: str, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     call = partial(_with_connection_hygiene, func, *args, **kwargs)
-    return await sync_to_async(call, thread_sensitive=False)()
+    return await sync_to_async(call, thread_sensitive=False, executor=_pool(kind))()
+
+
+async def run_db[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run the synchronous read ``func`` (ORM work) on a reader thread and await its result."""
+    return await _run("read", func, *args, **kwargs)
+
+
+async def run_db_write[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run the synchronous write ``func`` on a writer thread and await its result."""
+    return await _run("write", func, *args, **kwargs)

@@ -108,6 +108,13 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Threads for database work from async code (assistant/db.py): reads on the path to the first
+# token never wait behind persistence writes. SQLite takes one writer at a time.
+CHATSITE_DB_THREADS = {
+    "read": env_int("CHATSITE_DB_READ_THREADS", 4),
+    "write": env_int("CHATSITE_DB_WRITE_THREADS", 1),
+}
+
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 SESSION_COOKIE_HTTPONLY = True

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from assistant import errors, sse
-from assistant.db import run_db
+from assistant.db import run_db, run_db_write
 from assistant.engines import BaseEngine, ChatMessage, EngineError, GenerationParams
 from assistant.models import Message
 from assistant.services import background
@@ -255,7 +255,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
 
 def _question_persist(stream: ChatStream) -> asyncio.Task[None]:
     return background.spawn(
-        run_db(
+        run_db_write(
             exchange_begin,
             owner_key=stream.owner_key,
             exchange=stream.exchange,
@@ -278,7 +278,7 @@ async def _answer_persist(
         status = Message.Status.COMPLETE
     else:
         status = Message.Status.PARTIAL if content else Message.Status.FAILED
-    await run_db(
+    await run_db_write(
         answer_save,
         exchange=stream.exchange,
         content=content,
