@@ -3,7 +3,8 @@
 Yields a fixed list of tokens after ``TTFT_MS``, then one every ``ITL_MS``. A request can override
 the defaults with a directive at the start of its last user message, for example
 ``[scripted tokens=5 ttft_ms=0 fail_after=3]`` (``fail_after=0`` fails before the first token,
-``hang=1`` never produces a token, ``text=...`` is JSON for the list of tokens to send).
+``hang=1`` never produces a token, ``text='...'`` is JSON: a list of tokens to send, or a string
+sent one character per token).
 
 Every start, finish and cancellation is appended as one JSON line to the file named by
 ``EVENTS_FILE`` (env ``CHATSITE_SCRIPTED_EVENTS_FILE``) with ``time.monotonic()``, which is the
@@ -26,7 +27,7 @@ _WORDS = (
     "Plants capture light with chlorophyll in their leaves, split water, and use the "
     "energy to build glucose that feeds the whole plant."
 ).split(" ")
-_DIRECTIVE = re.compile(r"^\[scripted(?P<args>[^\]]*)\]\s*")
+_DIRECTIVE = re.compile(r"^\[scripted(?P<args>(?:'[^']*'|[^\]'])*)\]\s*")
 _ARG = re.compile(r"(\w+)=('(?:[^']*)'|\S+)")
 
 
@@ -40,6 +41,15 @@ def parse_directive(text: str) -> dict[str, str]:
     if not match:
         return {}
     return {key: value.strip("'") for key, value in _ARG.findall(match.group("args"))}
+
+
+def _tokens_from_json(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise EngineUnavailable("The scripted engine's text= is not JSON.") from None
+    # A list is sent item by item; a string one character per token.
+    return [str(t) for t in value] if isinstance(value, list) else list(str(value))
 
 
 class ScriptedEngine(BaseEngine):
@@ -70,7 +80,7 @@ class ScriptedEngine(BaseEngine):
         ttft = int(args.get("ttft_ms", self.ttft_ms)) / 1000
         itl = int(args.get("itl_ms", self.itl_ms)) / 1000
         if "text" in args:
-            tokens = [str(t) for t in json.loads(args["text"])]
+            tokens = _tokens_from_json(args["text"])
         else:
             tokens = default_tokens(int(args.get("tokens", self.tokens)))
         fail_after = int(args["fail_after"]) if "fail_after" in args else None
@@ -91,8 +101,8 @@ class ScriptedEngine(BaseEngine):
                     await asyncio.sleep(itl)
                 if fail_after is not None and sent >= fail_after:
                     raise EngineError("The scripted engine was told to fail mid-answer.")
-                yield Delta(token)
                 sent += 1
+                yield Delta(token)
             finish = "length" if len(tokens) >= params.max_tokens else "stop"
             yield Delta("", finish_reason=finish)
             self._record("finish", tag=tag, tokens=sent)

@@ -151,7 +151,15 @@ async function refreshHistory() {
 
 async function openConversation(id) {
   if (current) return;
-  const { messages } = await getJSON(`${config.historyUrl}/${id}`);
+  let messages;
+  try {
+    ({ messages } = await getJSON(`${config.historyUrl}/${id}`));
+  } catch {
+    setStatus("That conversation could not be opened.", "error");
+    return;
+  }
+  setStatus("");
+  els.retry.hidden = true;
   conversationId = id;
   els.messages.replaceChildren();
   for (const m of messages) bubble(m.role, m.content, m.status);
@@ -166,7 +174,9 @@ els.form.addEventListener("submit", (event) => {
   ask(question);
 });
 els.prompt.addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey) {
+  // Enter also confirms an input-method composition (Japanese, Chinese…): that one must not send.
+  // Safari reports it only through the legacy keyCode 229.
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {
     event.preventDefault();
     els.form.requestSubmit();
   }
@@ -177,6 +187,8 @@ els.newChat.addEventListener("click", () => {
   if (current) return;
   conversationId = null;
   els.messages.replaceChildren();
+  setStatus("");
+  els.retry.hidden = true;
   refreshHistory();
 });
 

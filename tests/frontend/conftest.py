@@ -1,0 +1,79 @@
+"""Headless Chromium for the page tests: a fresh browser for each test.
+
+Each test gets its own browser, so its own cookies and therefore its own session and
+conversations on the shared Daphne server.
+"""
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.support import LiveServer
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def chromium_executable() -> str | None:
+    """A system Chromium (``CHATSITE_CHROMIUM`` or on PATH); None uses Playwright's own build."""
+    return (
+        os.environ.get("CHATSITE_CHROMIUM")
+        or shutil.which("chromium")
+        or shutil.which("chromium-browser")
+    )
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    # One per test, although a launch costs about a second: while Playwright's sync API is
+    # started, its event loop counts as running in this thread, and Django then refuses the
+    # database flush that ends each transactional test. Torn down first, it is gone by then.
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium_executable(), headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_chat(browser: Browser, daphne: LiveServer) -> Iterator[Callable[..., Page]]:
+    """Open the chat page in a new context (keyword arguments go to ``new_context``).
+
+    Uncaught exceptions in the page fail the test.
+    """
+    contexts = []
+    errors: list[Exception] = []
+
+    def open_page(**context_args: Any) -> Page:
+        context = browser.new_context(
+            base_url=daphne.url, viewport={"width": 1100, "height": 800}, **context_args
+        )
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(error))
+        page.goto("/")
+        page.wait_for_selector("body[data-ready='1']", state="attached")
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(open_chat: Callable[..., Page]) -> Page:
+    """The chat page, loaded and ready, in its own browser context."""
+    return open_chat()
