@@ -22,14 +22,8 @@ from django.conf import settings
 
 from assistant import errors, http
 from assistant.engines import EngineUnavailable, get_engine
-from assistant.services.streaming import (
-    RequestRejected,
-    chat_stream_frames,
-    chat_stream_prepare,
-    chat_turn_parse,
-    error_frame,
-    request_id_choose,
-)
+from assistant.services.chat_request import RequestRejected, chat_turn_parse, request_id_choose
+from assistant.services.streaming import chat_stream_frames, chat_stream_open, error_frame
 from assistant.services.timings import StreamTimings, now
 
 logger = logging.getLogger(__name__)
@@ -130,7 +124,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             turn = chat_turn_parse(body)
             engine = get_engine(self.engine_alias)
             engine.check()
-            stream = await chat_stream_prepare(
+            stream = await chat_stream_open(
                 turn=turn,
                 session_key=http.session_key(request),
                 engine=engine,
@@ -147,8 +141,12 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
 
         self.response_started = True
-        await self.send_headers(status=200, headers=sse_headers(request_id, stream.set_cookie))
-        async with aclosing(chat_stream_frames(stream)) as frames:
-            async for frame in frames:
-                await self.send_body(frame, more_body=True)
+        try:
+            headers = sse_headers(request_id, stream.identity.set_cookie)
+            await self.send_headers(status=200, headers=headers)
+            async with aclosing(chat_stream_frames(stream)) as frames:
+                async for frame in frames:
+                    await self.send_body(frame, more_body=True)
+        finally:
+            await stream.aclose()
         await self.send_body(b"", more_body=False)

@@ -13,12 +13,12 @@ Each call is wrapped like Django's request cycle: stale connections are closed b
 and persistent connections (``CONN_MAX_AGE``) are reused between calls on the same thread.
 """
 
+import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -47,8 +47,10 @@ def _with_connection_hygiene[**P, R](func: Callable[P, R], *args: P.args, **kwar
 
 
 async def _run[**P, R](kind: str, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    # Plain run_in_executor: asgiref's sync_to_async does the same with far more bookkeeping,
+    # and none of it (thread-sensitive routing, context propagation) is needed here.
     call = partial(_with_connection_hygiene, func, *args, **kwargs)
-    return await sync_to_async(call, thread_sensitive=False, executor=_pool(kind))()
+    return await asyncio.get_running_loop().run_in_executor(_pool(kind), call)
 
 
 async def run_db[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

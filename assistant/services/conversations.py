@@ -1,12 +1,12 @@
-"""Conversation persistence. Synchronous ORM functions: call them through ``run_db``."""
+"""Conversations: reading history (synchronous ORM, through ``run_db``) and the rows a stream
+stores (through ``assistant.services.persistence``)."""
 
 import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
-
 from assistant.engines import ChatMessage
 from assistant.models import Conversation, Message
+from assistant.services.persistence import Rows
 
 TITLE_CHARS = 60
 
@@ -41,39 +41,40 @@ def conversation_history(
     return [ChatMessage(role=role, content=content) for role, content in reversed(recent)]
 
 
-def exchange_begin(*, owner_key: str, exchange: Exchange, question: str) -> None:
-    """Store the student's question (and the conversation, when it is new)."""
-    with transaction.atomic():
-        if exchange.is_new_conversation:
-            Conversation.objects.create(
+def question_rows(*, owner_key: str, exchange: Exchange, question: str) -> Rows:
+    """The student's question (and the conversation, when it is new), ready to store."""
+    rows = Rows()
+    if exchange.is_new_conversation:
+        rows.conversations.append(
+            Conversation(
                 id=exchange.conversation_id,
                 owner_key=owner_key,
                 title=" ".join(question.split())[:TITLE_CHARS],
             )
-        Message.objects.create(
+        )
+    rows.messages.append(
+        Message(
             id=exchange.user_message_id,
             conversation_id=exchange.conversation_id,
             role=Message.Role.USER,
             content=question,
             request_id=exchange.request_id,
         )
+    )
+    return rows
 
 
-def answer_save(
+def answer_rows(
     *, exchange: Exchange, content: str, status: Message.Status, finish_reason: str
-) -> Message:
-    """Store the assistant's answer, complete or partial; touch the conversation."""
-    with transaction.atomic():
-        message = Message.objects.create(
-            id=exchange.answer_message_id,
-            conversation_id=exchange.conversation_id,
-            role=Message.Role.ASSISTANT,
-            content=content,
-            status=status,
-            finish_reason=finish_reason,
-            request_id=exchange.request_id,
-        )
-        Conversation.objects.filter(id=exchange.conversation_id).update(
-            updated_at=message.created_at
-        )
-    return message
+) -> Rows:
+    """The assistant's answer, complete or partial, ready to store; it touches the conversation."""
+    answer = Message(
+        id=exchange.answer_message_id,
+        conversation_id=exchange.conversation_id,
+        role=Message.Role.ASSISTANT,
+        content=content,
+        status=status,
+        finish_reason=finish_reason,
+        request_id=exchange.request_id,
+    )
+    return Rows(messages=[answer], touch=[exchange.conversation_id])

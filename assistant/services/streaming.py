@@ -1,15 +1,19 @@
 """One chat stream, from a validated request to SSE frames.
 
-The order of work is the product: the ``: open`` comment and ``meta`` go out before the engine is
-called; each delta becomes one frame the moment the engine yields it; the question is stored
-concurrently with generation and the answer after it, in tasks that outlive the request, so no
-database write ever sits between the engine's first token and the student's screen.
+The order of work is the product:
+
+* A new conversation needs nothing from the database before the model can start, so the engine
+  is started first and the session is resolved while it works. A continued conversation needs
+  its history first: one read on a reader thread, then the engine.
+* ``: open`` and ``meta`` go out as soon as the session is known (the session cookie, if a new
+  one was needed, must be in the headers); each delta becomes one frame the moment the engine
+  yields it.
+* The question is stored once the first token is out and the answer when the stream ends, in
+  tasks that outlive the request, so no database write sits between the engine and the screen.
 """
 
 import asyncio
-import json
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,108 +21,93 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from assistant import errors, sse
-from assistant.db import run_db, run_db_write
-from assistant.engines import BaseEngine, ChatMessage, EngineError, GenerationParams
+from assistant.db import run_db
+from assistant.engines import BaseEngine, ChatMessage, Delta, EngineError, GenerationParams
 from assistant.models import Message
 from assistant.services import background
+from assistant.services.chat_request import ChatTurn, RequestRejected
 from assistant.services.conversations import (
     ConversationNotFound,
     Exchange,
-    answer_save,
+    answer_rows,
     conversation_history,
-    exchange_begin,
+    question_rows,
 )
-from assistant.services.identity import identity_resolve
+from assistant.services.identity import Identity, identity_resolve
+from assistant.services.persistence import rows_store
 from assistant.services.timings import StreamTimings, now
 
 logger = logging.getLogger(__name__)
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
-
-
-class RequestRejected(Exception):
-    """The request cannot start a stream; ``error`` says why, with its HTTP status."""
-
-    def __init__(self, error: errors.ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass(frozen=True, slots=True)
-class ChatTurn:
-    message: str
-    conversation_id: uuid.UUID | None
-
 
 @dataclass(slots=True)
 class ChatStream:
-    """Everything one stream needs, settled before the first byte of the response."""
+    """One running answer: the engine's stream, what was said, and where it is stored."""
 
     exchange: Exchange
-    owner_key: str
+    identity: Identity
     question: str
-    history: list[ChatMessage]
     path: str
     engine: BaseEngine
-    params: GenerationParams
+    deltas: AsyncIterator[Delta]
     timings: StreamTimings
-    set_cookie: str | None = None
+    #: The engine's next delta, already asked for.
+    pending: asyncio.Future[Delta] | None = None
     answer: list[str] = field(default_factory=list)
+    outcome: str = "client_abort"
+    finish_reason: str = ""
+    question_saved: asyncio.Task[None] | None = None
+    closed: bool = False
 
+    def next_delta(self) -> asyncio.Future[Delta]:
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(anext(self.deltas))
+        return self.pending
 
-def request_id_choose(incoming: str | None) -> str:
-    """Reuse a proxy's request id when it looks like one, so logs join up; else a new one."""
-    if incoming and _REQUEST_ID.match(incoming):
-        return incoming
-    return uuid.uuid4().hex
+    def save_question(self) -> None:
+        if self.question_saved is None:
+            rows = question_rows(
+                owner_key=self.identity.owner_key, exchange=self.exchange, question=self.question
+            )
+            self.question_saved = background.spawn(
+                rows_store(rows), name=f"question:{self.exchange.request_id}"
+            )
 
-
-def chat_turn_parse(body: bytes) -> ChatTurn:
-    """Validate the JSON body ``{"message": str, "conversation": uuid | null}``."""
-    config = settings.CHATSITE_STREAM
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestRejected(errors.INVALID_JSON) from None
-    if not isinstance(payload, dict):
-        raise RequestRejected(errors.INVALID_BODY)
-    message = payload.get("message")
-    if message is not None and not isinstance(message, str):
-        raise RequestRejected(errors.INVALID_BODY)
-    if not message or not message.strip():
-        raise RequestRejected(errors.MESSAGE_MISSING)
-    limit = config["MAX_MESSAGE_CHARS"]
-    if len(message) > limit:
-        raise RequestRejected(
-            errors.MESSAGE_TOO_LONG.with_message(f"The message is longer than {limit} characters.")
-        )
-    raw_conversation = payload.get("conversation")
-    conversation_id = None
-    if raw_conversation is not None:
+    async def aclose(self) -> None:
+        """Stop the engine and store what was said. Idempotent; safe while being cancelled."""
+        if self.closed:
+            return
+        self.closed = True
         try:
-            conversation_id = uuid.UUID(str(raw_conversation))
-        except ValueError:
-            raise RequestRejected(errors.INVALID_CONVERSATION) from None
-        if not isinstance(raw_conversation, str):
-            raise RequestRejected(errors.INVALID_CONVERSATION)
-    return ChatTurn(message=message, conversation_id=conversation_id)
+            if self.pending is not None and not self.pending.done():
+                self.pending.cancel()
+                await asyncio.wait({self.pending})
+            await self.deltas.aclose()  # type: ignore[attr-defined]
+        finally:
+            self.timings.finished = self.timings.finished or now()
+            self.save_question()
+            background.spawn(_answer_persist(self), name=f"answer:{self.exchange.request_id}")
 
 
-def _prepare_sync(
-    session_key: str | None, conversation_id: uuid.UUID | None
-) -> tuple[str, str | None, list[ChatMessage]]:
+def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
+    system = settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
+    head = [ChatMessage(role="system", content=system)] if system else []
+    return [*head, *history, ChatMessage(role="user", content=question)]
+
+
+def _identity_and_history(
+    session_key: str | None, conversation_id: uuid.UUID
+) -> tuple[Identity, list[ChatMessage]]:
     identity = identity_resolve(session_key)
-    history: list[ChatMessage] = []
-    if conversation_id is not None:
-        history = conversation_history(
-            owner_key=identity.owner_key,
-            conversation_id=conversation_id,
-            limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
-        )
-    return identity.owner_key, identity.set_cookie, history
+    history = conversation_history(
+        owner_key=identity.owner_key,
+        conversation_id=conversation_id,
+        limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
+    )
+    return identity, history
 
 
-async def chat_stream_prepare(
+async def chat_stream_open(
     *,
     turn: ChatTurn,
     session_key: str | None,
@@ -127,14 +116,32 @@ async def chat_stream_prepare(
     request_id: str,
     timings: StreamTimings,
 ) -> ChatStream:
-    """Resolve who is asking and the conversation so far: one worker-thread trip, no writes."""
-    try:
-        owner_key, set_cookie, history = await run_db(
-            _prepare_sync, session_key, turn.conversation_id
-        )
-    except ConversationNotFound:
-        raise RequestRejected(errors.CONVERSATION_NOT_FOUND) from None
+    """Start the engine on ``turn`` and resolve who is asking. Close the result when done."""
     config = settings.CHATSITE_STREAM
+    params = GenerationParams(max_tokens=config["MAX_TOKENS"], temperature=config["TEMPERATURE"])
+    timings.parsed = now()
+    pending: asyncio.Future[Delta] | None = None
+    if turn.conversation_id is None:
+        identity_found = asyncio.ensure_future(run_db(identity_resolve, session_key))
+        deltas = engine.stream(_messages(turn.message, []), params)
+        timings.engine_submitted = now()
+        pending = asyncio.ensure_future(anext(deltas))
+        try:
+            identity = await identity_found
+        except BaseException:
+            pending.cancel()
+            await asyncio.wait({pending})
+            await deltas.aclose()  # type: ignore[attr-defined]
+            raise
+    else:
+        try:
+            identity, history = await run_db(
+                _identity_and_history, session_key, turn.conversation_id
+            )
+        except ConversationNotFound:
+            raise RequestRejected(errors.CONVERSATION_NOT_FOUND) from None
+        deltas = engine.stream(_messages(turn.message, history), params)
+        timings.engine_submitted = now()
     exchange = Exchange(
         conversation_id=turn.conversation_id or uuid.uuid4(),
         user_message_id=uuid.uuid4(),
@@ -142,24 +149,16 @@ async def chat_stream_prepare(
         is_new_conversation=turn.conversation_id is None,
         request_id=request_id,
     )
-    timings.parsed = now()
     return ChatStream(
         exchange=exchange,
-        owner_key=owner_key,
+        identity=identity,
         question=turn.message,
-        history=history,
         path=path,
         engine=engine,
-        params=GenerationParams(max_tokens=config["MAX_TOKENS"], temperature=config["TEMPERATURE"]),
+        deltas=deltas,
         timings=timings,
-        set_cookie=set_cookie,
+        pending=pending,
     )
-
-
-def _prompt(stream: ChatStream) -> list[ChatMessage]:
-    system = settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
-    head = [ChatMessage(role="system", content=system)] if system else []
-    return [*head, *stream.history, ChatMessage(role="user", content=stream.question)]
 
 
 def meta_frame(stream: ChatStream) -> bytes:
@@ -182,32 +181,24 @@ def error_frame(code: str, message: str) -> bytes:
 
 
 async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
-    """The response body, frame by frame. Close it (``aclosing``) to stop the engine."""
+    """The response body, frame by frame. Ends by closing ``stream``."""
     timings = stream.timings
     ping_interval = settings.CHATSITE_STREAM["PING_INTERVAL"]
-    # The question is stored once the first token is out (or the stream ends without one): a
-    # write started earlier would compete with the first token for the GIL and the loop.
-    question_saved: asyncio.Task[None] | None = None
-    outcome, finish_reason = "client_abort", ""
-    yield sse.encode_comment("open")
-    yield meta_frame(stream)
-    deltas = stream.engine.stream(_prompt(stream), stream.params)
-    timings.engine_submitted = now()
-    pending: asyncio.Future | None = None
     try:
+        yield sse.encode_comment("open")
+        yield meta_frame(stream)
         while True:
-            pending = asyncio.ensure_future(anext(deltas))
+            pending = stream.next_delta()
             # Wait for the next delta without cancelling it; speak up if it takes long.
             while not (await asyncio.wait({pending}, timeout=ping_interval))[0]:
                 yield sse.encode_comment("ping")
+            stream.pending = None
             try:
                 delta = pending.result()
             except StopAsyncIteration:
                 break
-            finally:
-                pending = None
             if delta.finish_reason:
-                finish_reason = delta.finish_reason
+                stream.finish_reason = delta.finish_reason
             if not delta.text:
                 continue
             if not timings.tokens:
@@ -217,71 +208,38 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
                 {"text": delta.text}, event="token", id=str(timings.tokens + 1)
             )
             timings.token_sent(now())
-            if question_saved is None:
-                question_saved = _question_persist(stream)
-        outcome = "ok"
+            stream.save_question()
+        stream.outcome = "ok"
         timings.finished = now()
         yield sse.encode_json_event(
             {
-                "finish_reason": finish_reason or "stop",
+                "finish_reason": stream.finish_reason or "stop",
                 "tokens": timings.tokens,
                 "timings": timings.as_ms(),
             },
             event="done",
         )
     except EngineError as exc:
-        outcome, finish_reason = "engine_error", exc.code
+        stream.outcome, stream.finish_reason = "engine_error", exc.code
         timings.finished = now()
         logger.warning("Engine failed on %s: %s", stream.exchange.request_id, exc)
-        message = (
-            errors.ENGINE_UNAVAILABLE.message
-            if not timings.tokens
-            else errors.ENGINE_FAILED.message
-        )
-        yield error_frame(exc.code, message)
+        failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
+        yield error_frame(exc.code, failed.message)
     finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.wait({pending})
-        await deltas.aclose()
-        timings.finished = timings.finished or now()
-        if question_saved is None:
-            question_saved = _question_persist(stream)
-        background.spawn(
-            _answer_persist(stream, question_saved, outcome, finish_reason),
-            name=f"answer:{stream.exchange.request_id}",
-        )
+        await stream.aclose()
 
 
-def _question_persist(stream: ChatStream) -> asyncio.Task[None]:
-    return background.spawn(
-        run_db_write(
-            exchange_begin,
-            owner_key=stream.owner_key,
-            exchange=stream.exchange,
-            question=stream.question,
-        ),
-        name=f"question:{stream.exchange.request_id}",
-    )
-
-
-async def _answer_persist(
-    stream: ChatStream, question_saved: asyncio.Task[None], outcome: str, finish_reason: str
-) -> None:
-    try:
-        await question_saved
-    except Exception:
-        logger.exception("Question of %s was not saved; answer dropped", stream.exchange.request_id)
-        return
+async def _answer_persist(stream: ChatStream) -> None:
     content = "".join(stream.answer)
-    if outcome == "ok":
+    if stream.outcome == "ok":
         status = Message.Status.COMPLETE
     else:
         status = Message.Status.PARTIAL if content else Message.Status.FAILED
-    await run_db_write(
-        answer_save,
+    rows = answer_rows(
         exchange=stream.exchange,
         content=content,
         status=status,
-        finish_reason=finish_reason or outcome,
+        finish_reason=stream.finish_reason or stream.outcome,
     )
+    # Written after the question by the same writer; if the question failed, so does this.
+    await rows_store(rows)

@@ -1,0 +1,62 @@
+"""Validating a chat request: the JSON body and the request id."""
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from assistant import errors
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+
+
+class RequestRejected(Exception):
+    """The request cannot start a stream; ``error`` says why, with its HTTP status."""
+
+    def __init__(self, error: errors.ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    message: str
+    conversation_id: uuid.UUID | None
+
+
+def request_id_choose(incoming: str | None) -> str:
+    """Reuse a proxy's request id when it looks like one, so logs join up; else a new one."""
+    if incoming and _REQUEST_ID.match(incoming):
+        return incoming
+    return uuid.uuid4().hex
+
+
+def chat_turn_parse(body: bytes) -> ChatTurn:
+    """Validate the JSON body ``{"message": str, "conversation": uuid | null}``."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestRejected(errors.INVALID_JSON) from None
+    if not isinstance(payload, dict):
+        raise RequestRejected(errors.INVALID_BODY)
+    message = payload.get("message")
+    if message is not None and not isinstance(message, str):
+        raise RequestRejected(errors.INVALID_BODY)
+    if not message or not message.strip():
+        raise RequestRejected(errors.MESSAGE_MISSING)
+    limit = settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
+    if len(message) > limit:
+        raise RequestRejected(
+            errors.MESSAGE_TOO_LONG.with_message(f"The message is longer than {limit} characters.")
+        )
+    raw_conversation = payload.get("conversation")
+    if raw_conversation is None:
+        return ChatTurn(message=message, conversation_id=None)
+    if not isinstance(raw_conversation, str):
+        raise RequestRejected(errors.INVALID_CONVERSATION)
+    try:
+        return ChatTurn(message=message, conversation_id=uuid.UUID(raw_conversation))
+    except ValueError:
+        raise RequestRejected(errors.INVALID_CONVERSATION) from None

@@ -1,0 +1,250 @@
+"""Added first-token latency: what the serving stack adds on top of the engine's own TTFT.
+
+Each request opens a new connection, POSTs a question and waits for the first ``event: token``.
+The engine is the scripted one with a fixed first-token delay, so
+
+    added = (client sees first token - client sent request) - engine first-token delay.
+
+The same client measures three servers on loopback, one at a time:
+
+* ``bare``: a minimal asyncio HTTP server that sleeps the same delay and writes the same frames
+  (the floor: no framework at all);
+* ``uvicorn``: uvicorn + sse-starlette, a common Python streaming stack;
+* ``chatsite``: Daphne + the chatsite consumer with the scripted engine (CSRF, session, SQLite).
+
+Usage: python benchmarks/added_latency.py [--requests 200] [--concurrency 1 50] [--ttft-ms 100]
+Client and servers share the machine's cores, as in a single-host deployment.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import free_port, start_daphne  # noqa: E402
+
+BARE_SERVER = r"""
+import asyncio, sys
+from assistant.sse import encode_comment, encode_json_event
+TTFT, TOKENS, ITL = float(sys.argv[2]) / 1000, int(sys.argv[3]), float(sys.argv[4]) / 1000
+async def handle(reader, writer):
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                   if l.lower().startswith(b"content-length")), 0)
+    await reader.readexactly(length)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n" + encode_comment("open"))
+    await asyncio.sleep(TTFT)
+    for i in range(TOKENS):
+        if i:
+            await asyncio.sleep(ITL)
+        writer.write(encode_json_event({"text": f" t{i}"}, event="token", id=str(i + 1)))
+        await writer.drain()
+    writer.write(encode_json_event({"finish_reason": "stop"}, event="done"))
+    await writer.drain()
+    writer.close()
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+UVICORN_SERVER = r"""
+import asyncio, sys
+import uvicorn
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.routing import Route
+TTFT, TOKENS, ITL = float(sys.argv[2]) / 1000, int(sys.argv[3]), float(sys.argv[4]) / 1000
+async def stream(request):
+    await request.body()
+    async def events():
+        await asyncio.sleep(TTFT)
+        for i in range(TOKENS):
+            if i:
+                await asyncio.sleep(ITL)
+            yield {"event": "token", "id": str(i + 1), "data": '{"text":" t%d"}' % i}
+        yield {"event": "done", "data": '{"finish_reason":"stop"}'}
+    return EventSourceResponse(events())
+app = Starlette(routes=[Route("/api/chat/stream", stream, methods=["POST"])])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+async def one_request(port: int, request: bytes) -> float:
+    """Seconds from sending the request to reading the first token frame. Reads the whole
+    answer, as a browser does, so that every stream occupies the server for its full length."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        sent = time.perf_counter()
+        writer.write(request)
+        buffer = b""
+        first_token = None
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            buffer += data
+            if first_token is None and b"event: token" in buffer:
+                first_token = time.perf_counter() - sent
+        if first_token is None or b"event: done" not in buffer:
+            raise ConnectionError(f"incomplete answer: {buffer[:300]!r}")
+        return first_token
+    finally:
+        writer.close()
+
+
+async def run_load(port: int, request: bytes, total: int, concurrency: int) -> list[float]:
+    samples: list[float] = []
+    queue = iter(range(total))
+
+    async def worker() -> None:
+        for _ in queue:
+            samples.append(await one_request(port, request))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples
+
+
+def build_request(port: int, body: bytes, cookies: str = "", token: str = "") -> bytes:
+    lines = [
+        "POST /api/chat/stream HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if cookies:
+        lines.append(f"Cookie: {cookies}")
+    if token:
+        lines.append(f"X-CSRFToken: {token}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(name: str, concurrency: int, samples: list[float], ttft_ms: float) -> dict:
+    added = [s * 1000 - ttft_ms for s in samples]
+    row = {
+        "server": name,
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "p50_ms": round(statistics.median(added), 2),
+        "p95_ms": round(percentile(added, 0.95), 2),
+        "p99_ms": round(percentile(added, 0.99), 2),
+    }
+    print(
+        f"{name:9s} c={concurrency:<3d} n={len(samples):<4d} added first-token latency: "
+        f"p50 {row['p50_ms']:7.2f} ms   p95 {row['p95_ms']:7.2f} ms   p99 {row['p99_ms']:7.2f} ms",
+        flush=True,
+    )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50])
+    parser.add_argument("--ttft-ms", type=float, default=100)
+    parser.add_argument("--tokens", type=int, default=20, help="tokens per answer")
+    parser.add_argument("--itl-ms", type=float, default=20, help="engine gap between tokens")
+    parser.add_argument("--servers", nargs="+", default=["bare", "uvicorn", "chatsite"])
+    parser.add_argument("--json", help="write the rows to this file")
+    args = parser.parse_args()
+
+    rows = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.servers:
+            process = None
+            if name == "chatsite":
+                db = Path(tmp) / "bench.sqlite3"
+                subprocess.run(
+                    [sys.executable, "manage.py", "migrate", "-v0"],
+                    cwd=ROOT,
+                    env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
+                    check=True,
+                )
+                server = start_daphne(
+                    workdir=Path(tmp),
+                    db_path=str(db),
+                    env={
+                        # As deployed: debug off (no SQL logging, no autoreload of static files).
+                        "CHATSITE_DEBUG": "0",
+                        "DJANGO_SECRET_KEY": "benchmark-only-secret-key-0123456789abcdefghijkl",
+                        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+                        "CHATSITE_SECURE_COOKIES": "0",
+                        "CHATSITE_SCRIPTED_TTFT_MS": str(int(args.ttft_ms)),
+                        "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
+                        "CHATSITE_SCRIPTED_ITL_MS": str(int(args.itl_ms)),
+                        "CHATSITE_SCRIPTED_EVENTS_FILE": "",
+                    },
+                )
+                import httpx
+
+                page = httpx.get(server.url + "/")
+                cookies = "; ".join(f"{k}={v}" for k, v in page.cookies.items())
+                port = server.port
+                body = json.dumps({"message": "What is photosynthesis?"}).encode()
+                request = build_request(port, body, cookies, page.cookies["csrftoken"])
+            else:
+                port = free_port()
+                code = BARE_SERVER if name == "bare" else UVICORN_SERVER
+                process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        code,
+                        str(port),
+                        str(args.ttft_ms),
+                        str(args.tokens),
+                        str(args.itl_ms),
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                )
+                wait_port(port)
+                request = build_request(port, b'{"message": "What is photosynthesis?"}')
+            try:
+                asyncio.run(run_load(port, request, 10, 1))  # warm up
+                for concurrency in args.concurrency:
+                    samples = asyncio.run(run_load(port, request, args.requests, concurrency))
+                    rows.append(report(name, concurrency, samples, args.ttft_ms))
+            finally:
+                if process is not None:
+                    process.terminate()
+                    process.wait()
+                else:
+                    server.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
