@@ -1,0 +1,70 @@
+"""Every Prometheus metric chatsite exports, defined once, at import.
+
+Label values are bounded: ``path`` is a serving path name (``direct``, later ``django``),
+``engine`` an engine name, ``source`` ``server`` or ``client``, ``outcome`` and ``reason`` short
+fixed codes. Never a user, session or request id.
+
+Several Daphne workers: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (wiped before the
+workers start); prometheus_client then keeps each process's values in files there and
+``/metrics`` (django-prometheus) adds them up. The active-streams gauge sums live processes.
+"""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+
+def _ttft_buckets() -> tuple[float, ...]:
+    """Geometric from 5 ms to 10 s, each edge at most 15 % above the last (so a 20 % change always
+    crosses an edge), plus 0.5 s exactly for the HighTTFT alert."""
+    edges = [0.005]
+    while edges[-1] < 10:
+        edges.append(edges[-1] * 1.149)
+    return tuple(sorted({round(e, 6) for e in edges} | {0.5}))
+
+
+TTFT_BUCKETS = _ttft_buckets()
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+
+TTFT = Histogram(
+    "ai_ttft_seconds",
+    "Time to first token: server (request received to first token sent) or client "
+    "(fetch sent to first token rendered; abandoned requests count the time waited).",
+    ["path", "engine", "source"],
+    buckets=TTFT_BUCKETS,
+)
+ENGINE_TTFT = Histogram(
+    "ai_engine_ttft_seconds",
+    "Engine time to first token: request handed to the engine to its first delta.",
+    ["path", "engine"],
+    buckets=TTFT_BUCKETS,
+)
+INTER_TOKEN = Histogram(
+    "ai_inter_token_seconds",
+    "Gap between consecutive token sends of one stream.",
+    ["path", "engine"],
+    buckets=GAP_BUCKETS,
+)
+STREAM_DURATION = Histogram(
+    "ai_stream_duration_seconds",
+    "Stream duration, request received to last frame.",
+    ["path", "engine", "outcome"],
+    buckets=DURATION_BUCKETS,
+)
+STREAMS = Counter(
+    "ai_streams_total",
+    "Chat streams started, by how they ended (ok, client_abort, engine_error, timeout).",
+    ["path", "engine", "outcome"],
+)
+CONNECTION_ERRORS = Counter(
+    "ai_sse_connection_errors_total",
+    "Streams that failed on the server's side (engine_unavailable, engine_error, server_error, "
+    "...); a client leaving is not an error.",
+    ["path", "reason"],
+)
+STREAMS_ACTIVE = Gauge(
+    "ai_streams_active",
+    "Chat streams open now.",
+    ["path", "engine"],
+    multiprocess_mode="livesum",
+)
+TOKENS = Counter("ai_tokens", "Tokens streamed to clients.", ["path", "engine"])
