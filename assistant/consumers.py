@@ -24,6 +24,7 @@ from assistant import errors, http
 from assistant.engines import EngineUnavailable, get_engine
 from assistant.services.chat_request import RequestRejected, chat_turn_parse, request_id_choose
 from assistant.services.streaming import chat_stream_frames, chat_stream_open, error_frame
+from assistant.services.telemetry import stream_refused
 from assistant.services.timings import StreamTimings, now
 
 logger = logging.getLogger(__name__)
@@ -120,9 +121,11 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             await self.send_error(rejected)
             return
         request_id = request_id_choose(http.header(scope, b"x-request-id"))
+        engine_name = self.engine_alias
         try:
             turn = chat_turn_parse(body)
             engine = get_engine(self.engine_alias)
+            engine_name = engine.name
             engine.check()
             stream = await chat_stream_open(
                 turn=turn,
@@ -137,6 +140,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
         except EngineUnavailable as exc:
             logger.warning("Engine unavailable: %s", exc)
+            stream_refused(path=self.path_name, engine=engine_name, reason=exc.code)
             await self.send_error(errors.ENGINE_UNAVAILABLE)
             return
 

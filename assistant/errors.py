@@ -39,3 +39,8 @@ ENGINE_UNAVAILABLE = ApiError(
     503, "engine_unavailable", "The model is not available right now. Please try again shortly."
 )
 ENGINE_FAILED = ApiError(500, "engine_error", "The model stopped unexpectedly. Please try again.")
+BEACON_INVALID = ApiError(400, "beacon_invalid", "The measurement report is not valid.")
+BEACON_UNKNOWN = ApiError(404, "beacon_unknown", "No such request.")
+BEACON_NOT_YOURS = ApiError(403, "beacon_not_yours", "That request belongs to another session.")
+BEACON_DUPLICATE = ApiError(409, "beacon_duplicate", "That request was reported already.")
+RATE_LIMITED = ApiError(429, "rate_limited", "Too many requests. Please wait a moment.")

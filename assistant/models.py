@@ -48,3 +48,51 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
+
+
+class StreamRecord(models.Model):
+    """One chat stream's measurements: the server's stage timings, joined later with what the
+    browser measured. Written once the stream has ended, never on the path to the first token."""
+
+    class Outcome(models.TextChoices):
+        OK = "ok"
+        CLIENT_ABORT = "client_abort"
+        ENGINE_ERROR = "engine_error"
+        TIMEOUT = "timeout"
+        SERVER_ERROR = "server_error"
+
+    request_id = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
+    owner_key = models.CharField(max_length=80, db_index=True)
+    path = models.CharField(max_length=16)
+    engine = models.CharField(max_length=32)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error_code = models.CharField(max_length=32, blank=True)
+    conversation_id = models.UUIDField(null=True)
+    message_id = models.UUIDField(null=True)
+    tokens = models.PositiveIntegerField(default=0)
+    # Server stages, milliseconds since the request arrived at the application.
+    parse_ms = models.FloatField(null=True, help_text="Body validated, CSRF checked.")
+    queue_ms = models.FloatField(null=True, help_text="Parsed to handed to the engine.")
+    engine_ttft_ms = models.FloatField(null=True, help_text="Engine submit to its first delta.")
+    server_ttft_ms = models.FloatField(null=True, help_text="Received to first token sent.")
+    itl_mean_ms = models.FloatField(null=True)
+    itl_max_ms = models.FloatField(null=True)
+    e2e_ms = models.FloatField(null=True, help_text="Received to last frame.")
+    # The browser's view, from its beacon (performance.now(), since fetch was called).
+    client_outcome = models.CharField(max_length=16, blank=True)
+    client_ttfb_ms = models.FloatField(null=True)
+    client_ttft_ms = models.FloatField(null=True)
+    client_done_ms = models.FloatField(null=True)
+    client_waited_ms = models.FloatField(null=True, help_text="Time waited before giving up.")
+    client_tokens = models.PositiveIntegerField(null=True)
+    client_itl_mean_ms = models.FloatField(null=True)
+    client_itl_max_ms = models.FloatField(null=True)
+    client_reported_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["path", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.path} {self.outcome}"

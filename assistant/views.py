@@ -1,15 +1,23 @@
 """Pages and the read-only history API. The stream itself is ``assistant.consumers``."""
 
+import asyncio
+import json
 import uuid
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views.decorators.csrf import ensure_csrf_cookie
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
+from django.views.decorators.http import require_GET, require_POST
 
-from assistant import errors, selectors
+from assistant import errors, http, selectors
+from assistant.db import run_db
+from assistant.services.beacons import Beacon, BeaconRejected, beacon_apply, beacon_parse
 from assistant.services.identity import owner_key_for, session_ensure
+from assistant.services.ratelimit import rate_limit_hit
+
+#: How long a beacon waits for its stream's record (stored as the stream ends).
+BEACON_WAIT_S = 3.0
 
 
 def _owner_key(request: HttpRequest) -> str:
@@ -45,3 +53,52 @@ def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> Jso
         error = errors.CONVERSATION_NOT_FOUND
         return JsonResponse(error.payload(), status=error.status)
     return JsonResponse({"id": str(conversation_id), "messages": messages})
+
+
+def _error(error: errors.ApiError, **headers: str) -> JsonResponse:
+    return JsonResponse(error.payload(), status=error.status, headers=headers)
+
+
+def _beacon_sync(
+    request: HttpRequest, beacon: Beacon, *, first_try: bool
+) -> tuple[object, int | None]:
+    owner_key = _owner_key(request)
+    if first_try:
+        limit, window = settings.CHATSITE_RATE_LIMITS["beacon"]
+        retry_after = rate_limit_hit(scope="beacon", key=owner_key, limit=limit, window_s=window)
+        if retry_after is not None:
+            return None, retry_after
+    return beacon_apply(owner_key=owner_key, beacon=beacon), None
+
+
+@csrf_exempt  # checked below with the token from the body: sendBeacon cannot set headers
+@require_POST
+async def beacon(request: HttpRequest) -> HttpResponse:
+    """``POST /api/chat/beacon``: the browser's timings of one request. 204 when joined."""
+    if len(request.body) > 4096:
+        return _error(errors.BODY_TOO_LARGE)
+    try:
+        payload = json.loads(request.body)
+    except (ValueError, UnicodeDecodeError):
+        return _error(errors.INVALID_JSON)
+    if isinstance(payload, dict) and isinstance(payload.get("csrf_token"), str):
+        request.META["HTTP_X_CSRFTOKEN"] = payload["csrf_token"]
+    rejected = http.csrf_error(request)
+    if rejected is not None:
+        return _error(rejected)
+    try:
+        parsed = beacon_parse(payload)
+        deadline = asyncio.get_running_loop().time() + BEACON_WAIT_S
+        first_try = True
+        while True:
+            record, retry_after = await run_db(_beacon_sync, request, parsed, first_try=first_try)
+            first_try = False
+            if retry_after is not None:
+                return _error(errors.RATE_LIMITED, **{"Retry-After": str(retry_after)})
+            if record is not None:
+                return HttpResponse(status=204)
+            if asyncio.get_running_loop().time() >= deadline:
+                return _error(errors.BEACON_UNKNOWN)
+            await asyncio.sleep(0.05)
+    except BeaconRejected as exc:
+        return _error(exc.error)

@@ -201,6 +201,11 @@ CHATSITE_ENGINES = {
     },
 }
 
+# (requests, seconds) per session or user.
+CHATSITE_RATE_LIMITS = {
+    "beacon": (env_int("CHATSITE_BEACON_RATE", 120), 60),
+}
+
 CHATSITE_STREAM = {
     # Seconds of silence after which a ": ping" comment keeps proxies and the page's watchdog happy.
     "PING_INTERVAL": float(env_str("CHATSITE_PING_INTERVAL", "15")),

@@ -19,7 +19,7 @@ from django.db import connections, models, router, transaction
 from django.utils import timezone
 
 from assistant.db import run_db_write
-from assistant.models import Conversation, Message
+from assistant.models import Conversation, Message, StreamRecord
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class Rows:
     messages: list[Message] = field(default_factory=list)
     #: Conversations whose ``updated_at`` moves to now (they got a new answer).
     touch: list[uuid.UUID] = field(default_factory=list)
+    records: list[StreamRecord] = field(default_factory=list)
 
 
 def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
@@ -78,12 +79,15 @@ def rows_write(batch: list[Rows]) -> None:
         conversations = [c for rows in batch for c in rows.conversations]
         messages = [m for rows in batch for m in rows.messages]
         touch = {cid for rows in batch for cid in rows.touch}
+        records = [r for rows in batch for r in rows.records]
         if conversations:
             insert_many(Conversation, conversations)
         if messages:
             insert_many(Message, messages)
         if touch:
             conversations_touch(touch)
+        if records:
+            insert_many(StreamRecord, records)
 
 
 class GroupWriter:
@@ -139,6 +143,7 @@ def _failure(rows: Rows) -> PersistenceFailed:
 
 def _describe(rows: Rows) -> str:
     ids = [str(m.id) for m in rows.messages] + [str(c.id) for c in rows.conversations]
+    ids += [f"record {r.request_id}" for r in rows.records]
     return f"rows {', '.join(ids) or '(none)'}"
 
 

@@ -35,6 +35,7 @@ from assistant.services.conversations import (
 )
 from assistant.services.identity import Identity, identity_resolve
 from assistant.services.persistence import rows_store
+from assistant.services.telemetry import stream_observe, stream_record, stream_started
 from assistant.services.timings import StreamTimings, now
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class ChatStream:
             await self.deltas.aclose()  # type: ignore[attr-defined]
         finally:
             self.timings.finished = self.timings.finished or now()
+            stream_observe(self)
             self.save_question()
             background.spawn(_answer_persist(self), name=f"answer:{self.exchange.request_id}")
 
@@ -142,6 +144,7 @@ async def chat_stream_open(
             raise RequestRejected(errors.CONVERSATION_NOT_FOUND) from None
         deltas = engine.stream(_messages(turn.message, history), params)
         timings.engine_submitted = now()
+    stream_started(path=path, engine=engine.name)
     exchange = Exchange(
         conversation_id=turn.conversation_id or uuid.uuid4(),
         user_message_id=uuid.uuid4(),
@@ -225,6 +228,9 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         logger.warning("Engine failed on %s: %s", stream.exchange.request_id, exc)
         failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
         yield error_frame(exc.code, failed.message)
+    except Exception:
+        stream.outcome = stream.finish_reason = "server_error"
+        raise
     finally:
         await stream.aclose()
 
@@ -241,5 +247,6 @@ async def _answer_persist(stream: ChatStream) -> None:
         status=status,
         finish_reason=stream.finish_reason or stream.outcome,
     )
+    rows.records.append(stream_record(stream))
     # Written after the question by the same writer; if the question failed, so does this.
     await rows_store(rows)

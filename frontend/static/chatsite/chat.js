@@ -1,7 +1,8 @@
 // The chat page: send a question, show the answer token by token, keep the history.
 import { marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
-import { streamChat } from "./stream.js";
+import { RequestTimer } from "./beacon.js";
+import { newRequestId, streamChat } from "./stream.js";
 
 const config = document.body.dataset;
 const $ = (id) => document.getElementById(id);
@@ -19,6 +20,7 @@ const els = {
 
 let conversationId = null;
 let current = null; // the stream in flight
+let timer = null; // its measurements, reported when it ends (or the tab closes)
 let lastQuestion = null;
 
 // Model output is untrusted: markdown is rendered by a maintained parser, then sanitised.
@@ -76,10 +78,16 @@ async function ask(question) {
   let text = "";
   busy(true);
   setStatus("Waiting for the first word…");
+  const requestId = newRequestId();
+  answer.dataset.requestId = requestId;
+  timer = new RequestTimer(requestId);
+  const measured = timer;
   current = streamChat({
     url: config.streamUrl,
     body: { message: question, conversation: conversationId },
     csrfToken: cookie("csrftoken"),
+    requestId,
+    onFirstByte: () => measured.firstByte(),
     firstByteTimeoutMs: Number(config.firstByteTimeoutMs || 5000),
     idleTimeoutMs: 2 * Number(config.pingIntervalMs || 15000),
     onEvent(event, data) {
@@ -91,11 +99,14 @@ async function ask(question) {
         text += data.text;
         // Plain text while streaming: cheap, and safe whatever the model sends.
         body.textContent = text;
+        measured.tokenRendered();
       }
     },
   });
   const result = await current.finished;
   current = null;
+  timer = null;
+  measured.report(config.beaconUrl, cookie("csrftoken"), CLIENT_OUTCOME[result.outcome] || "error");
   busy(false);
   answer.classList.remove("streaming");
   if (result.outcome === "done" && result.text !== undefined && !text) text = result.text;
@@ -121,6 +132,14 @@ async function ask(question) {
   }
   refreshHistory();
 }
+
+// How the page reports each way a request can end.
+const CLIENT_OUTCOME = { done: "ok", error: "error", stopped: "stopped", timeout: "timeout" };
+
+// A tab closed mid-answer still reports what the student waited for.
+window.addEventListener("pagehide", () => {
+  if (timer) timer.report(config.beaconUrl, cookie("csrftoken"), "abandoned");
+});
 
 async function getJSON(url) {
   const response = await fetch(url, { credentials: "same-origin" });

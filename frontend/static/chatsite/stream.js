@@ -70,6 +70,7 @@ export function streamChat({
   url,
   body,
   csrfToken,
+  requestId,
   firstByteTimeoutMs = 5000,
   idleTimeoutMs = 30000,
   onResponse = () => {},
@@ -102,6 +103,7 @@ export function streamChat({
           "Content-Type": "application/json",
           Accept: "text/event-stream",
           "X-CSRFToken": csrfToken,
+          ...(requestId ? { "X-Request-Id": requestId } : {}),
         },
         body: JSON.stringify(body),
         signal: controller.signal,
@@ -175,4 +177,11 @@ function safeJSON(text) {
   } catch {
     return null;
   }
+}
+
+// A request id the server accepts (it reuses ids of 8-64 characters from [A-Za-z0-9._-]), made
+// in the page so that a request that never got an answer can still be reported.
+export function newRequestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }

@@ -1,0 +1,134 @@
+"""The browser's own measurements of a stream, joined with the server's record.
+
+The page reports, for every request it made (answered, stopped, timed out, or left when the tab
+closed): time to first byte, to first token rendered, to done, and how long it waited. Input is
+checked strictly: the request must be one of this owner's, reported once, with plausible values.
+A request the student gave up on still counts, as a TTFT of at least the time waited, so that
+percentiles are not biased toward the requests that survived.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from assistant import errors, metrics
+from assistant.models import StreamRecord
+
+#: What the page may report about how a request ended.
+CLIENT_OUTCOMES = {"ok", "error", "stopped", "timeout", "abandoned"}
+#: No measurement is longer than this (ms): an answer is cut off long before.
+MAX_MS = 15 * 60 * 1000
+MAX_TOKENS = 100_000
+_FIELDS = ("ttfb_ms", "ttft_ms", "done_ms", "waited_ms", "itl_mean_ms", "itl_max_ms")
+
+
+class BeaconRejected(Exception):
+    def __init__(self, error: errors.ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class Beacon:
+    request_id: str
+    outcome: str
+    ttfb_ms: float | None
+    ttft_ms: float | None
+    done_ms: float | None
+    waited_ms: float | None
+    itl_mean_ms: float | None
+    itl_max_ms: float | None
+    tokens: int | None
+
+    @property
+    def client_ttft(self) -> float:
+        """Seconds to the first token, or, when none came, at least the time waited."""
+        if self.ttft_ms is not None:
+            return self.ttft_ms / 1000
+        return (self.waited_ms or self.done_ms or 0) / 1000
+
+
+def _number(payload: dict[str, Any], name: str) -> float | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BeaconRejected(errors.BEACON_INVALID.with_message(f"{name} must be a number."))
+    if not 0 <= value <= MAX_MS:
+        raise BeaconRejected(errors.BEACON_INVALID.with_message(f"{name} is out of range."))
+    return float(value)
+
+
+def beacon_parse(payload: Any) -> Beacon:
+    """Validate a beacon body; every inconsistency is a 400 that names the field."""
+    if not isinstance(payload, dict):
+        raise BeaconRejected(errors.BEACON_INVALID)
+    request_id = payload.get("request_id")
+    if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64:
+        raise BeaconRejected(errors.BEACON_INVALID.with_message("request_id is missing."))
+    outcome = payload.get("outcome")
+    if outcome not in CLIENT_OUTCOMES:
+        raise BeaconRejected(
+            errors.BEACON_INVALID.with_message(f"outcome must be one of {sorted(CLIENT_OUTCOMES)}.")
+        )
+    values = {name: _number(payload, name) for name in _FIELDS}
+    tokens = payload.get("tokens")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_TOKENS
+    ):
+        raise BeaconRejected(errors.BEACON_INVALID.with_message("tokens is out of range."))
+    ordered = [values[k] for k in ("ttfb_ms", "ttft_ms", "done_ms") if values[k] is not None]
+    if ordered != sorted(ordered):
+        raise BeaconRejected(
+            errors.BEACON_INVALID.with_message("Stages must be in order: ttfb, ttft, done.")
+        )
+    if outcome == "ok" and (values["ttft_ms"] is None and tokens):
+        raise BeaconRejected(errors.BEACON_INVALID.with_message("ttft_ms is missing."))
+    if values["ttft_ms"] is None and values["waited_ms"] is None and values["done_ms"] is None:
+        raise BeaconRejected(
+            errors.BEACON_INVALID.with_message("Report ttft_ms, or waited_ms when none came.")
+        )
+    return Beacon(request_id=request_id, outcome=outcome, tokens=tokens, **values)
+
+
+def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
+    """Synchronous (ORM): join ``beacon`` to its record. None while the record is not stored
+    yet (the stream is still ending); raises for someone else's or an already reported one."""
+    with transaction.atomic():
+        record = (
+            StreamRecord.objects.select_for_update().filter(request_id=beacon.request_id).first()
+        )
+        if record is None:
+            return None
+        if record.owner_key != owner_key:
+            raise BeaconRejected(errors.BEACON_NOT_YOURS)
+        if record.client_reported_at is not None:
+            raise BeaconRejected(errors.BEACON_DUPLICATE)
+        record.client_outcome = beacon.outcome
+        record.client_ttfb_ms = beacon.ttfb_ms
+        record.client_ttft_ms = beacon.ttft_ms
+        record.client_done_ms = beacon.done_ms
+        record.client_waited_ms = beacon.waited_ms
+        record.client_tokens = beacon.tokens
+        record.client_itl_mean_ms = beacon.itl_mean_ms
+        record.client_itl_max_ms = beacon.itl_max_ms
+        record.client_reported_at = timezone.now()
+        record.save(update_fields=list(_RECORD_FIELDS))
+    metrics.TTFT.labels(record.path, record.engine, "client").observe(beacon.client_ttft)
+    return record
+
+
+_RECORD_FIELDS = (
+    "client_outcome",
+    "client_ttfb_ms",
+    "client_ttft_ms",
+    "client_done_ms",
+    "client_waited_ms",
+    "client_tokens",
+    "client_itl_mean_ms",
+    "client_itl_max_ms",
+    "client_reported_at",
+)
