@@ -14,6 +14,15 @@ from django.urls import path, re_path  # noqa: E402
 from assistant import engines  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 
+# Several workers share PROMETHEUS_MULTIPROC_DIR: when this one exits, its live gauges
+# (streams open now) must stop counting.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    import atexit
+
+    from prometheus_client import multiprocess
+
+    atexit.register(multiprocess.mark_process_dead, os.getpid())
+
 # Load the model now, once per process, so the first student does not wait for it.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":
     engines.preload()
