@@ -23,7 +23,13 @@ from django.conf import settings
 from assistant import errors, http
 from assistant.engines import EngineUnavailable, get_engine
 from assistant.services.chat_request import RequestRejected, chat_turn_parse, request_id_choose
-from assistant.services.streaming import chat_stream_frames, chat_stream_open, error_frame
+from assistant.services.streaming import (
+    Heartbeat,
+    chat_stream_frames,
+    chat_stream_open,
+    error_frame,
+    ping_interval,
+)
 from assistant.services.telemetry import stream_refused
 from assistant.services.timings import StreamTimings, now
 
@@ -145,12 +151,21 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
 
         self.response_started = True
+        heartbeat = Heartbeat(self.send_frame, ping_interval())
+        beating: asyncio.Task[None] | None = None
         try:
             headers = sse_headers(request_id, stream.identity.set_cookie)
             await self.send_headers(status=200, headers=headers)
+            beating = asyncio.create_task(heartbeat.run())
             async with aclosing(chat_stream_frames(stream)) as frames:
                 async for frame in frames:
                     await self.send_body(frame, more_body=True)
+                    heartbeat.beat()
         finally:
+            if beating is not None:
+                beating.cancel()
             await stream.aclose()
         await self.send_body(b"", more_body=False)
+
+    async def send_frame(self, frame: bytes) -> None:
+        await self.send_body(frame, more_body=True)

@@ -15,7 +15,7 @@ The order of work is the product:
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -60,10 +60,11 @@ class ChatStream:
     question_saved: asyncio.Task[None] | None = None
     closed: bool = False
 
-    def next_delta(self) -> asyncio.Future[Delta]:
-        if self.pending is None:
-            self.pending = asyncio.ensure_future(anext(self.deltas))
-        return self.pending
+    def next_delta(self) -> Awaitable[Delta]:
+        """The engine's next delta: the one already asked for, else a plain ``anext``
+        (no task per token; cancelling the caller cancels the engine's step too)."""
+        pending, self.pending = self.pending, None
+        return pending if pending is not None else anext(self.deltas)
 
     def save_question(self) -> None:
         if self.question_saved is None:
@@ -183,21 +184,49 @@ def error_frame(code: str, message: str) -> bytes:
     return sse.encode_json_event({"code": code, "message": message}, event="error")
 
 
+class Heartbeat:
+    """Sends ``: ping`` whenever nothing was sent for ``interval`` seconds.
+
+    One timer per stream, which wakes only when the stream has been silent; the per-frame cost
+    is one clock read (``beat``). Runs beside the frame loop, as sse-starlette's ping task does.
+    """
+
+    def __init__(self, send: Callable[[bytes], Awaitable[None]], interval: float) -> None:
+        self.send = send
+        self.interval = interval
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+
+    def beat(self) -> None:
+        self.last = self.loop.time()
+
+    async def run(self) -> None:
+        while True:
+            delay = self.last + self.interval - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            await self.send(PING)
+            self.beat()
+
+
+PING = sse.encode_comment("ping")
+
+
+def ping_interval() -> float:
+    return float(settings.CHATSITE_STREAM["PING_INTERVAL"])
+
+
 async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
-    """The response body, frame by frame. Ends by closing ``stream``."""
+    """The response body, frame by frame (pings come from a ``Heartbeat`` beside it).
+    Ends by closing ``stream``."""
     timings = stream.timings
-    ping_interval = settings.CHATSITE_STREAM["PING_INTERVAL"]
     try:
         yield sse.encode_comment("open")
         yield meta_frame(stream)
         while True:
-            pending = stream.next_delta()
-            # Wait for the next delta without cancelling it; speak up if it takes long.
-            while not (await asyncio.wait({pending}, timeout=ping_interval))[0]:
-                yield sse.encode_comment("ping")
-            stream.pending = None
             try:
-                delta = pending.result()
+                delta = await stream.next_delta()
             except StopAsyncIteration:
                 break
             if delta.finish_reason:
