@@ -22,7 +22,8 @@ from django.conf import settings
 
 from assistant import errors, http
 from assistant.engines import EngineUnavailable, get_engine
-from assistant.services.chat_request import RequestRejected, chat_turn_parse, request_id_choose
+from assistant.errors import Rejected
+from assistant.services.chat_request import chat_turn_parse, request_id_choose
 from assistant.services.streaming import (
     Heartbeat,
     chat_stream_frames,
@@ -141,7 +142,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
                 request_id=request_id,
                 timings=self.timings,
             )
-        except RequestRejected as rejected:
+        except Rejected as rejected:
             await self.send_error(rejected.error)
             return
         except EngineUnavailable as exc:

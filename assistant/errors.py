@@ -20,6 +20,14 @@ class ApiError:
         return ApiError(self.status, self.code, message)
 
 
+class Rejected(Exception):
+    """A request refused for a reason the client can fix; ``error`` says which, and its status."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 METHOD_NOT_ALLOWED = ApiError(405, "method_not_allowed", "Use POST to start a chat stream.")
 UNSUPPORTED_MEDIA_TYPE = ApiError(
     415, "unsupported_media_type", "Send the request body as JSON (Content-Type: application/json)."

@@ -12,7 +12,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, selectors
 from assistant.db import run_db
-from assistant.services.beacons import Beacon, BeaconRejected, beacon_apply, beacon_parse
+from assistant.errors import Rejected
+from assistant.services.beacons import Beacon, beacon_apply, beacon_parse
 from assistant.services.identity import owner_key_for, session_ensure
 from assistant.services.ratelimit import rate_limit_hit
 
@@ -100,5 +101,5 @@ async def beacon(request: HttpRequest) -> HttpResponse:
             if asyncio.get_running_loop().time() >= deadline:
                 return _error(errors.BEACON_UNKNOWN)
             await asyncio.sleep(0.05)
-    except BeaconRejected as exc:
+    except Rejected as exc:
         return _error(exc.error)

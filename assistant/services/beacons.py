@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from assistant import errors, metrics
+from assistant.errors import Rejected
 from assistant.models import StreamRecord
 
 #: What the page may report about how a request ended.
@@ -23,12 +24,6 @@ CLIENT_OUTCOMES = {"ok", "error", "stopped", "timeout", "abandoned"}
 MAX_MS = 15 * 60 * 1000
 MAX_TOKENS = 100_000
 _FIELDS = ("ttfb_ms", "ttft_ms", "done_ms", "waited_ms", "itl_mean_ms", "itl_max_ms")
-
-
-class BeaconRejected(Exception):
-    def __init__(self, error: errors.ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +51,22 @@ def _number(payload: dict[str, Any], name: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BeaconRejected(errors.BEACON_INVALID.with_message(f"{name} must be a number."))
+        raise Rejected(errors.BEACON_INVALID.with_message(f"{name} must be a number."))
     if not 0 <= value <= MAX_MS:
-        raise BeaconRejected(errors.BEACON_INVALID.with_message(f"{name} is out of range."))
+        raise Rejected(errors.BEACON_INVALID.with_message(f"{name} is out of range."))
     return float(value)
 
 
 def beacon_parse(payload: Any) -> Beacon:
     """Validate a beacon body; every inconsistency is a 400 that names the field."""
     if not isinstance(payload, dict):
-        raise BeaconRejected(errors.BEACON_INVALID)
+        raise Rejected(errors.BEACON_INVALID)
     request_id = payload.get("request_id")
     if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64:
-        raise BeaconRejected(errors.BEACON_INVALID.with_message("request_id is missing."))
+        raise Rejected(errors.BEACON_INVALID.with_message("request_id is missing."))
     outcome = payload.get("outcome")
     if outcome not in CLIENT_OUTCOMES:
-        raise BeaconRejected(
+        raise Rejected(
             errors.BEACON_INVALID.with_message(f"outcome must be one of {sorted(CLIENT_OUTCOMES)}.")
         )
     values = {name: _number(payload, name) for name in _FIELDS}
@@ -79,16 +74,16 @@ def beacon_parse(payload: Any) -> Beacon:
     if tokens is not None and (
         isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_TOKENS
     ):
-        raise BeaconRejected(errors.BEACON_INVALID.with_message("tokens is out of range."))
+        raise Rejected(errors.BEACON_INVALID.with_message("tokens is out of range."))
     ordered = [values[k] for k in ("ttfb_ms", "ttft_ms", "done_ms") if values[k] is not None]
     if ordered != sorted(ordered):
-        raise BeaconRejected(
+        raise Rejected(
             errors.BEACON_INVALID.with_message("Stages must be in order: ttfb, ttft, done.")
         )
     if outcome == "ok" and (values["ttft_ms"] is None and tokens):
-        raise BeaconRejected(errors.BEACON_INVALID.with_message("ttft_ms is missing."))
+        raise Rejected(errors.BEACON_INVALID.with_message("ttft_ms is missing."))
     if values["ttft_ms"] is None and values["waited_ms"] is None and values["done_ms"] is None:
-        raise BeaconRejected(
+        raise Rejected(
             errors.BEACON_INVALID.with_message("Report ttft_ms, or waited_ms when none came.")
         )
     return Beacon(request_id=request_id, outcome=outcome, tokens=tokens, **values)
@@ -104,9 +99,9 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
         if record is None:
             return None
         if record.owner_key != owner_key:
-            raise BeaconRejected(errors.BEACON_NOT_YOURS)
+            raise Rejected(errors.BEACON_NOT_YOURS)
         if record.client_reported_at is not None:
-            raise BeaconRejected(errors.BEACON_DUPLICATE)
+            raise Rejected(errors.BEACON_DUPLICATE)
         record.client_outcome = beacon.outcome
         record.client_ttfb_ms = beacon.ttfb_ms
         record.client_ttft_ms = beacon.ttft_ms

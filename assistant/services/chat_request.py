@@ -8,16 +8,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from assistant import errors
+from assistant.errors import Rejected
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
-
-
-class RequestRejected(Exception):
-    """The request cannot start a stream; ``error`` says why, with its HTTP status."""
-
-    def __init__(self, error: errors.ApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,25 +31,25 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise RequestRejected(errors.INVALID_JSON) from None
+        raise Rejected(errors.INVALID_JSON) from None
     if not isinstance(payload, dict):
-        raise RequestRejected(errors.INVALID_BODY)
+        raise Rejected(errors.INVALID_BODY)
     message = payload.get("message")
     if message is not None and not isinstance(message, str):
-        raise RequestRejected(errors.INVALID_BODY)
+        raise Rejected(errors.INVALID_BODY)
     if not message or not message.strip():
-        raise RequestRejected(errors.MESSAGE_MISSING)
+        raise Rejected(errors.MESSAGE_MISSING)
     limit = settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
     if len(message) > limit:
-        raise RequestRejected(
+        raise Rejected(
             errors.MESSAGE_TOO_LONG.with_message(f"The message is longer than {limit} characters.")
         )
     raw_conversation = payload.get("conversation")
     if raw_conversation is None:
         return ChatTurn(message=message, conversation_id=None)
     if not isinstance(raw_conversation, str):
-        raise RequestRejected(errors.INVALID_CONVERSATION)
+        raise Rejected(errors.INVALID_CONVERSATION)
     try:
         return ChatTurn(message=message, conversation_id=uuid.UUID(raw_conversation))
     except ValueError:
-        raise RequestRejected(errors.INVALID_CONVERSATION) from None
+        raise Rejected(errors.INVALID_CONVERSATION) from None

@@ -23,9 +23,10 @@ from django.conf import settings
 from assistant import errors, sse
 from assistant.db import run_db
 from assistant.engines import BaseEngine, ChatMessage, Delta, EngineError, GenerationParams
+from assistant.errors import Rejected
 from assistant.models import Message
 from assistant.services import background
-from assistant.services.chat_request import ChatTurn, RequestRejected
+from assistant.services.chat_request import ChatTurn
 from assistant.services.conversations import (
     ConversationNotFound,
     Exchange,
@@ -142,7 +143,7 @@ async def chat_stream_open(
                 _identity_and_history, session_key, turn.conversation_id
             )
         except ConversationNotFound:
-            raise RequestRejected(errors.CONVERSATION_NOT_FOUND) from None
+            raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
         deltas = engine.stream(_messages(turn.message, history), params)
         timings.engine_submitted = now()
     stream_started(path=path, engine=engine.name)

@@ -15,12 +15,11 @@ import pytest
 
 from assistant.engines import ChatMessage, Delta, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import LlamaCppEngine
+from tests.assistant.engines.helpers import GREEDY, SHORT, collect, first_delta_after
 
 pytestmark = pytest.mark.model
 
-SHORT = [ChatMessage("user", "Name three colours of the rainbow.")]
 LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
-GREEDY = GenerationParams(max_tokens=24, temperature=0.0)
 ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
 
 
@@ -34,21 +33,6 @@ def engine() -> Iterator[LlamaCppEngine]:
     engine.load()
     asyncio.run(collect(engine, SHORT, GenerationParams(max_tokens=2, temperature=0.0)))
     yield engine
-
-
-async def collect(
-    engine: LlamaCppEngine, messages: list[ChatMessage], params: GenerationParams
-) -> list[Delta]:
-    async with aclosing(engine.stream(messages, params)) as deltas:
-        return [delta async for delta in deltas]
-
-
-async def first_delta_after(engine: LlamaCppEngine, since: float) -> float:
-    """Seconds from ``since`` until a new short request gets its first delta."""
-    async with aclosing(engine.stream(SHORT, GREEDY)) as deltas:
-        delta = await anext(deltas)
-    assert delta.text
-    return time.monotonic() - since
 
 
 async def test_streams_answer_in_pieces_and_ends_with_finish_reason(

@@ -22,11 +22,10 @@ import pytest
 from assistant.engines import ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import default_model_path
 from assistant.engines.openai_http import OpenAIHTTPEngine
+from tests.assistant.engines.helpers import GREEDY, SHORT, collect, first_delta_after
 from tests.support import free_port
 
-SHORT = [ChatMessage("user", "Name three colours of the rainbow.")]
 LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
-GREEDY = GenerationParams(max_tokens=24, temperature=0.0)
 ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
 
 
@@ -104,21 +103,6 @@ async def engine(model_server: ModelServer) -> AsyncIterator[OpenAIHTTPEngine]:
     )
     yield engine
     await engine.aclose()
-
-
-async def collect(
-    engine: OpenAIHTTPEngine, messages: list[ChatMessage], params: GenerationParams
-) -> list[Delta]:
-    async with aclosing(engine.stream(messages, params)) as deltas:
-        return [delta async for delta in deltas]
-
-
-async def first_delta_after(engine: OpenAIHTTPEngine, since: float) -> float:
-    """Seconds from ``since`` until a new short request gets its first delta."""
-    async with aclosing(engine.stream(SHORT, GREEDY)) as deltas:
-        delta = await anext(deltas)
-    assert delta.text
-    return time.monotonic() - since
 
 
 class CountingProxy:

@@ -1,0 +1,24 @@
+"""What the engine tests share: a short prompt, greedy decoding, and two ways to read a stream."""
+
+import time
+from contextlib import aclosing
+
+from assistant.engines import BaseEngine, ChatMessage, Delta, GenerationParams
+
+SHORT = [ChatMessage("user", "Name three colours of the rainbow.")]
+GREEDY = GenerationParams(max_tokens=24, temperature=0.0)
+
+
+async def collect(
+    engine: BaseEngine, messages: list[ChatMessage], params: GenerationParams
+) -> list[Delta]:
+    async with aclosing(engine.stream(messages, params)) as deltas:  # type: ignore[type-var]
+        return [delta async for delta in deltas]
+
+
+async def first_delta_after(engine: BaseEngine, since: float) -> float:
+    """Seconds from ``since`` until a new short request gets its first delta."""
+    async with aclosing(engine.stream(SHORT, GREEDY)) as deltas:  # type: ignore[type-var]
+        delta = await anext(deltas)
+    assert delta.text
+    return time.monotonic() - since
