@@ -1,12 +1,15 @@
 """Test helpers: a real Daphne on loopback, a browser-like HTTP client, an SSE reader."""
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,3 +307,83 @@ def raw_post(
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
     return RawResponse(raw_request(port, request))
+
+
+class CountingProxy:
+    """A TCP relay on loopback that counts the connections clients open through it (servers
+    report requests, not connections)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.accepted = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._relays: list[asyncio.Future[object]] = []
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers += [client_w, upstream_w]
+        relay = asyncio.gather(self._pipe(client_r, upstream_w), self._pipe(upstream_r, client_w))
+        self._relays.append(relay)
+        await relay
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[int]:
+        """Serve on a free port (yielded) until the block ends, then drop every connection."""
+        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            server.close()
+            for writer in self._writers:
+                writer.close()
+            await asyncio.gather(*self._relays)
+            await server.wait_closed()
+
+
+class ThreadedCountingProxy:
+    """A ``CountingProxy`` on its own event loop thread, for synchronous tests."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.proxy = CountingProxy(upstream_port)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),))
+
+    @property
+    def accepted(self) -> int:
+        return self.proxy.accepted
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with self.proxy.running() as port:
+            self.port = port
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> "ThreadedCountingProxy":
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self._loop.close()

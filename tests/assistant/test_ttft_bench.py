@@ -1,13 +1,11 @@
 """``manage.py ttft_bench`` run for real against Daphne on loopback (scripted engine)."""
 
-import asyncio
 import io
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from django.core.management import CommandError, call_command
 from matplotlib.image import imread
 
 from assistant.models import Conversation, Message
-from tests.support import ROOT, LiveServer, wait_for
+from tests.support import ROOT, LiveServer, ThreadedCountingProxy, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -146,70 +144,15 @@ def test_open_loop_sends_on_schedule_whatever_the_answers(
     assert all(s["outcome"] == "ok" for s in samples)
 
 
-class ConnectionCounter:
-    """A TCP relay in front of the server that counts the connections clients open through it
-    (Daphne does not report connections, only requests)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.connections = 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(asyncio.start_server(self._relay, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
-        tasks = asyncio.all_tasks(self.loop)
-        for task in tasks:
-            task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        server.close()
-        self.loop.run_until_complete(server.wait_closed())
-        self.loop.close()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except ConnectionError:
-                pass
-            finally:
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def __enter__(self) -> "ConnectionCounter":
-        self.thread.start()
-        assert self.ready.wait(5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
 @pytest.fixture
-def relay(server: LiveServer) -> Iterator[ConnectionCounter]:
-    with ConnectionCounter(server.port) as counter:
+def relay(server: LiveServer) -> Iterator[ThreadedCountingProxy]:
+    with ThreadedCountingProxy(server.port) as counter:
         yield counter
 
 
 @pytest.mark.parametrize(("flags", "connections"), [((), 2 + 6), (("--keepalive",), 2)])
 def test_each_question_opens_a_new_connection_unless_keepalive(
-    relay: ConnectionCounter, flags: tuple[str, ...], connections: int
+    relay: ThreadedCountingProxy, flags: tuple[str, ...], connections: int
 ) -> None:
     """By default every page load and every question opens its own connection, as a browser's
     new chat stream does; with --keepalive each student keeps one."""
@@ -217,4 +160,4 @@ def test_each_question_opens_a_new_connection_unless_keepalive(
         *("--url", relay.url, "-n", "6", "-c", "2", "--prompt", FAST, "--no-progress", *flags)
     )
     assert re.search(r"^outcomes\s+ok 6$", report, re.MULTILINE), report
-    assert relay.connections == connections
+    assert relay.accepted == connections

@@ -22,3 +22,13 @@ async def first_delta_after(engine: BaseEngine, since: float) -> float:
         delta = await anext(deltas)
     assert delta.text
     return time.monotonic() - since
+
+
+def assert_streamed_answer(deltas: list[Delta], max_tokens: int) -> None:
+    """Several non-empty pieces, a finish reason on the last delta only, max_tokens honoured."""
+    pieces = [d.text for d in deltas if d.text]
+    assert len(pieces) >= 3, deltas
+    assert all(d.finish_reason is None for d in deltas[:-1]), deltas
+    assert deltas[-1].finish_reason in {"stop", "length"}, deltas
+    assert "".join(pieces).strip()
+    assert len(pieces) <= max_tokens

@@ -15,7 +15,13 @@ import pytest
 
 from assistant.engines import ChatMessage, Delta, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import LlamaCppEngine
-from tests.assistant.engines.helpers import GREEDY, SHORT, collect, first_delta_after
+from tests.assistant.engines.helpers import (
+    GREEDY,
+    SHORT,
+    assert_streamed_answer,
+    collect,
+    first_delta_after,
+)
 
 pytestmark = pytest.mark.model
 
@@ -39,14 +45,7 @@ async def test_streams_answer_in_pieces_and_ends_with_finish_reason(
     engine: LlamaCppEngine,
 ) -> None:
     """The answer comes as several non-empty pieces; the stream ends with a finish reason."""
-    deltas = await collect(engine, SHORT, GREEDY)
-
-    pieces = [d.text for d in deltas if d.text]
-    assert len(pieces) >= 3, deltas
-    assert all(d.finish_reason is None for d in deltas[:-1]), deltas
-    assert deltas[-1].finish_reason in {"stop", "length"}, deltas
-    assert "".join(pieces).strip()
-    assert len(pieces) <= GREEDY.max_tokens
+    assert_streamed_answer(await collect(engine, SHORT, GREEDY), GREEDY.max_tokens)
 
 
 async def test_max_tokens_cuts_the_answer_with_length(engine: LlamaCppEngine) -> None:

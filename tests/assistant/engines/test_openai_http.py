@@ -22,8 +22,14 @@ import pytest
 from assistant.engines import ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import default_model_path
 from assistant.engines.openai_http import OpenAIHTTPEngine
-from tests.assistant.engines.helpers import GREEDY, SHORT, collect, first_delta_after
-from tests.support import free_port
+from tests.assistant.engines.helpers import (
+    GREEDY,
+    SHORT,
+    assert_streamed_answer,
+    collect,
+    first_delta_after,
+)
+from tests.support import CountingProxy, free_port
 
 LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
 ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
@@ -105,58 +111,10 @@ async def engine(model_server: ModelServer) -> AsyncIterator[OpenAIHTTPEngine]:
     await engine.aclose()
 
 
-class CountingProxy:
-    """A TCP relay on loopback that counts the connections clients open through it."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.accepted = 0
-        self._writers: list[asyncio.StreamWriter] = []
-        self._relays: list[asyncio.Future[object]] = []
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self._writers += [client_w, upstream_w]
-        relay = asyncio.gather(self._pipe(client_r, upstream_w), self._pipe(upstream_r, client_w))
-        self._relays.append(relay)
-        await relay
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[int]:
-        """Serve on a free port (yielded) until the block ends, then drop every connection."""
-        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        try:
-            yield server.sockets[0].getsockname()[1]
-        finally:
-            server.close()
-            for writer in self._writers:
-                writer.close()
-            await asyncio.gather(*self._relays)
-            await server.wait_closed()
-
-
 @pytest.mark.model
 async def test_streams_a_real_answer_in_pieces(engine: OpenAIHTTPEngine) -> None:
     """A real server's answer arrives as several non-empty pieces and ends with a finish reason."""
-    deltas = await collect(engine, SHORT, GREEDY)
-
-    pieces = [d.text for d in deltas if d.text]
-    assert len(pieces) >= 3, deltas
-    assert all(d.finish_reason is None for d in deltas[:-1]), deltas
-    assert deltas[-1].finish_reason in {"stop", "length"}, deltas
-    assert "".join(pieces).strip()
-    assert len(pieces) <= GREEDY.max_tokens
+    assert_streamed_answer(await collect(engine, SHORT, GREEDY), GREEDY.max_tokens)
 
 
 @pytest.mark.model
