@@ -1,0 +1,58 @@
+"""Admin: conversations and messages for moderation; stream records read-only."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from assistant.models import Conversation, Message, StreamRecord
+
+
+class MessageInline(admin.TabularInline):
+    model = Message
+    fields = ("role", "status", "content", "created_at")
+    readonly_fields = ("created_at",)
+    extra = 0
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ("title", "owner_key", "created_at", "updated_at")
+    list_filter = (("updated_at", admin.DateFieldListFilter),)
+    search_fields = ("title", "owner_key")
+    inlines = (MessageInline,)
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    list_display = ("conversation", "role", "status", "finish_reason", "created_at")
+    list_filter = ("role", "status", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("content", "request_id")
+
+
+@admin.register(StreamRecord)
+class StreamRecordAdmin(admin.ModelAdmin):
+    """Measurements are evidence: visible to staff, never edited by hand."""
+
+    list_display = (
+        "request_id",
+        "created_at",
+        "path",
+        "engine",
+        "outcome",
+        "server_ttft_ms",
+        "client_ttft_ms",
+        "tokens",
+    )
+    list_filter = ("path", "outcome", "engine", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("request_id",)
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
