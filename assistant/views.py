@@ -51,8 +51,7 @@ def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> Jso
         owner_key=_owner_key(request), conversation_id=conversation_id
     )
     if messages is None:
-        error = errors.CONVERSATION_NOT_FOUND
-        return JsonResponse(error.payload(), status=error.status)
+        return _error(errors.CONVERSATION_NOT_FOUND)
     return JsonResponse({"id": str(conversation_id), "messages": messages})
 
 

@@ -10,11 +10,13 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from assistant.benchmarking import SSEParser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,45 +120,16 @@ class Event:
         return json.loads(self.data)
 
 
-@dataclass
 class SSEReader:
-    """A spec-following SSE parser over raw bytes that stamps each event's arrival time."""
+    """The project's incremental parser (``assistant.benchmarking.SSEParser``), stamping each
+    event with the time its frame arrived."""
 
-    buffer: str = ""
-    comments: list[str] = field(default_factory=list)
-    _data: list[str] = field(default_factory=list)
-    _event: str = ""
-    _id: str | None = None
+    def __init__(self) -> None:
+        self.parser = SSEParser()
 
     def feed(self, chunk: bytes, at: float | None = None) -> list[Event]:
-        self.buffer += chunk.decode("utf-8")
-        out: list[Event] = []
-        lines = self.buffer.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        self.buffer = lines.pop()
-        for line in lines:
-            if line == "":
-                if self._data:
-                    out.append(
-                        Event(
-                            self._event or "message",
-                            "\n".join(self._data),
-                            self._id,
-                            at or time.monotonic(),
-                        )
-                    )
-                self._data, self._event = [], ""
-            elif line.startswith(":"):
-                self.comments.append(line[1:].strip())
-            else:
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "data":
-                    self._data.append(value)
-                elif name == "event":
-                    self._event = value
-                elif name == "id":
-                    self._id = value
-        return out
+        stamp = at or time.monotonic()
+        return [Event(e.event, e.data, e.id, stamp) for e in self.parser.feed(chunk)]
 
 
 class ChatClient:

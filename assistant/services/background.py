@@ -25,11 +25,3 @@ def _finished(task: asyncio.Task[Any]) -> None:
     _tasks.discard(task)
     if not task.cancelled() and task.exception() is not None:
         logger.error("Background task %s failed", task.get_name(), exc_info=task.exception())
-
-
-async def drain(wait_seconds: float = 10.0) -> None:
-    """Wait for the background work of the running loop (shutdown, tests)."""
-    loop = asyncio.get_running_loop()
-    pending = [t for t in _tasks if t.get_loop() is loop]
-    if pending:
-        await asyncio.wait(pending, timeout=wait_seconds)

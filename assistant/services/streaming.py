@@ -58,7 +58,7 @@ class ChatStream:
     answer: list[str] = field(default_factory=list)
     outcome: str = "client_abort"
     finish_reason: str = ""
-    question_saved: asyncio.Task[None] | None = None
+    question_stored: bool = False
     closed: bool = False
 
     def next_delta(self) -> Awaitable[Delta]:
@@ -68,13 +68,13 @@ class ChatStream:
         return pending if pending is not None else anext(self.deltas)
 
     def save_question(self) -> None:
-        if self.question_saved is None:
+        """Hand the question to the group writer, once (it stores it before the answer)."""
+        if not self.question_stored:
+            self.question_stored = True
             rows = question_rows(
                 owner_key=self.identity.owner_key, exchange=self.exchange, question=self.question
             )
-            self.question_saved = background.spawn(
-                rows_store(rows), name=f"question:{self.exchange.request_id}"
-            )
+            background.spawn(rows_store(rows), name=f"question:{self.exchange.request_id}")
 
     async def aclose(self) -> None:
         """Stop the engine and store what was said. Idempotent; safe while being cancelled."""
@@ -82,15 +82,20 @@ class ChatStream:
             return
         self.closed = True
         try:
-            if self.pending is not None and not self.pending.done():
-                self.pending.cancel()
-                await asyncio.wait({self.pending})
-            await self.deltas.aclose()  # type: ignore[attr-defined]
+            await _engine_stop(self.pending, self.deltas)
         finally:
             self.timings.finished = self.timings.finished or now()
             stream_observe(self)
             self.save_question()
             background.spawn(_answer_persist(self), name=f"answer:{self.exchange.request_id}")
+
+
+async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
+    """Cancel the engine's step in flight, if any, then close its stream (stops generation)."""
+    if pending is not None and not pending.done():
+        pending.cancel()
+        await asyncio.wait({pending})
+    await deltas.aclose()  # type: ignore[attr-defined]
 
 
 def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
@@ -133,9 +138,7 @@ async def chat_stream_open(
         try:
             identity = await identity_found
         except BaseException:
-            pending.cancel()
-            await asyncio.wait({pending})
-            await deltas.aclose()  # type: ignore[attr-defined]
+            await _engine_stop(pending, deltas)
             raise
     else:
         try:

@@ -7,6 +7,8 @@ from assistant.engines import BaseEngine, ChatMessage, Delta, GenerationParams
 
 SHORT = [ChatMessage("user", "Name three colours of the rainbow.")]
 GREEDY = GenerationParams(max_tokens=24, temperature=0.0)
+LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
+ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
 
 
 async def collect(
@@ -32,3 +34,11 @@ def assert_streamed_answer(deltas: list[Delta], max_tokens: int) -> None:
     assert deltas[-1].finish_reason in {"stop", "length"}, deltas
     assert "".join(pieces).strip()
     assert len(pieces) <= max_tokens
+
+
+async def close_early_then_ask(engine: BaseEngine) -> tuple[list[Delta], float]:
+    """Close a 400-token answer after 3 pieces; return them and the seconds a new short request
+    then waits for its first delta (long if the abandoned answer kept the engine busy)."""
+    async with aclosing(engine.stream(LONG, ENDLESS)) as deltas:  # type: ignore[type-var]
+        received = [await anext(deltas) for _ in range(3)]
+    return received, await first_delta_after(engine, time.monotonic())

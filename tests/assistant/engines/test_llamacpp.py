@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from assistant.engines import ChatMessage, Delta, EngineUnavailable, GenerationParams
+from assistant.engines import Delta, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import LlamaCppEngine
 from tests.assistant.engines.helpers import (
+    ENDLESS,
     GREEDY,
+    LONG,
     SHORT,
     assert_streamed_answer,
+    close_early_then_ask,
     collect,
     first_delta_after,
 )
 
 pytestmark = pytest.mark.model
-
-LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
-ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +59,7 @@ async def test_max_tokens_cuts_the_answer_with_length(engine: LlamaCppEngine) ->
 
 async def test_aclose_frees_the_engine_for_the_next_request(engine: LlamaCppEngine) -> None:
     """Closing a 400-token answer after 3 pieces lets the next request start within 2.5 s."""
-    async with aclosing(engine.stream(LONG, ENDLESS)) as deltas:
-        received = [await anext(deltas) for _ in range(3)]
-    closed = time.monotonic()
-
-    waited = await first_delta_after(engine, closed)
+    received, waited = await close_early_then_ask(engine)
 
     assert all(d.text for d in received), received
     assert waited < 2.5, f"the next request waited {waited:.2f} s for the engine"

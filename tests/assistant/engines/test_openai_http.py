@@ -19,20 +19,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from assistant.engines import ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
+from assistant.engines import Delta, EngineError, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import default_model_path
 from assistant.engines.openai_http import OpenAIHTTPEngine
 from tests.assistant.engines.helpers import (
     GREEDY,
     SHORT,
     assert_streamed_answer,
+    close_early_then_ask,
     collect,
-    first_delta_after,
 )
 from tests.support import CountingProxy, free_port
-
-LONG = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to read.")]
-ENDLESS = GenerationParams(max_tokens=400, temperature=0.0)
 
 
 @dataclass(frozen=True)
@@ -121,11 +118,7 @@ async def test_streams_a_real_answer_in_pieces(engine: OpenAIHTTPEngine) -> None
 async def test_closing_the_stream_aborts_generation_upstream(engine: OpenAIHTTPEngine) -> None:
     """Closing a 400-token answer after 3 pieces frees the server: the next request starts
     within 2.5 s instead of waiting seconds for the abandoned answer to finish."""
-    async with aclosing(engine.stream(LONG, ENDLESS)) as deltas:
-        received = [await anext(deltas) for _ in range(3)]
-    closed = time.monotonic()
-
-    waited = await first_delta_after(engine, closed)
+    received, waited = await close_early_then_ask(engine)
 
     assert all(d.text for d in received), received
     assert waited < 2.5, f"the next request waited {waited:.2f} s for the server"
