@@ -21,51 +21,37 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
 from assistant import errors, http
-from assistant.engines import EngineUnavailable, get_engine
 from assistant.errors import Rejected
-from assistant.services.chat_request import chat_turn_parse, request_id_choose
+from assistant.services.chat_request import request_id_choose
+from assistant.services.stream_start import chat_stream_start
 from assistant.services.streaming import (
     Heartbeat,
-    chat_stream_frames,
-    chat_stream_open,
-    error_frame,
+    chat_stream_body,
     ping_interval,
+    server_error_frame,
 )
-from assistant.services.telemetry import stream_refused
-from assistant.services.timings import StreamTimings, now
+from assistant.services.timings import StreamTimings, received_at
 
 logger = logging.getLogger(__name__)
 
 
-def sse_headers(request_id: str, set_cookie: str | None) -> list[tuple[bytes, bytes]]:
-    # No Content-Length (the body is open-ended), no Content-Encoding (compression buffers), and
-    # no hand-set Transfer-Encoding: the server chooses chunking for HTTP/1.1 clients itself.
-    headers = [
-        (b"content-type", b"text/event-stream; charset=utf-8"),
-        (b"cache-control", b"no-cache, no-transform"),
-        (b"x-accel-buffering", b"no"),
-        (b"x-content-type-options", b"nosniff"),
-        (b"x-request-id", request_id.encode("ascii")),
-    ]
-    if set_cookie:
-        headers.append((b"set-cookie", set_cookie.encode("latin-1")))
-    return headers
-
-
 class ChatStreamConsumer(AsyncHttpConsumer):
-    """``POST /api/chat/stream``: answer one chat message as Server-Sent Events."""
+    """``POST /api/chat/stream/direct``: answer one chat message as Server-Sent Events."""
 
     path_name = "direct"
-    engine_alias = "default"
     # HTTP streams use no channel layer: skip creating a channel for each request.
     channel_layer_alias = "chatsite.no-channel-layer"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.timings = StreamTimings(received=now())
+        self.timings = StreamTimings(received=0.0)
         self.body_size = 0
         self.response_task: asyncio.Task[None] | None = None
         self.response_started = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.timings.received = received_at(scope)
+        await super().__call__(scope, receive, send)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
@@ -111,8 +97,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             if not self.response_started:
                 await self.send_error(errors.ENGINE_FAILED.with_message("The server failed."))
             else:
-                frame = error_frame("server_error", "The server failed while answering.")
-                await self.send_body(frame, more_body=False)
+                await self.send_body(server_error_frame(), more_body=False)
 
     async def stream_or_reject(self, body: bytes) -> None:
         scope = self.scope
@@ -128,37 +113,26 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             await self.send_error(rejected)
             return
         request_id = request_id_choose(http.header(scope, b"x-request-id"))
-        engine_name = self.engine_alias
         try:
-            turn = chat_turn_parse(body)
-            engine = get_engine(self.engine_alias)
-            engine_name = engine.name
-            engine.check()
-            stream = await chat_stream_open(
-                turn=turn,
+            stream = await chat_stream_start(
+                body=body,
                 session_key=http.session_key(request),
-                engine=engine,
-                path=self.path_name,
                 request_id=request_id,
+                path=self.path_name,
                 timings=self.timings,
             )
         except Rejected as rejected:
             await self.send_error(rejected.error)
-            return
-        except EngineUnavailable as exc:
-            logger.warning("Engine unavailable: %s", exc)
-            stream_refused(path=self.path_name, engine=engine_name, reason=exc.code)
-            await self.send_error(errors.ENGINE_UNAVAILABLE)
             return
 
         self.response_started = True
         heartbeat = Heartbeat(self.send_frame, ping_interval())
         beating: asyncio.Task[None] | None = None
         try:
-            headers = sse_headers(request_id, stream.identity.set_cookie)
+            headers = http.sse_headers(request_id, stream.identity.set_cookie)
             await self.send_headers(status=200, headers=headers)
             beating = asyncio.create_task(heartbeat.run())
-            async with aclosing(chat_stream_frames(stream)) as frames:
+            async with aclosing(chat_stream_body(stream)) as frames:
                 async for frame in frames:
                     await self.send_body(frame, more_body=True)
                     heartbeat.beat()

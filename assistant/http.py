@@ -72,3 +72,19 @@ def json_response_headers(
         (b"x-content-type-options", b"nosniff"),
         *(extra or []),
     ]
+
+
+def sse_headers(request_id: str, set_cookie: str | None) -> list[tuple[bytes, bytes]]:
+    """The response headers of a chat stream, the same on every serving path."""
+    # No Content-Length (the body is open-ended), no Content-Encoding (compression buffers), and
+    # no hand-set Transfer-Encoding: the server chooses chunking for HTTP/1.1 clients itself.
+    headers = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-request-id", request_id.encode("ascii")),
+    ]
+    if set_cookie:
+        headers.append((b"set-cookie", set_cookie.encode("latin-1")))
+    return headers

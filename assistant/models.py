@@ -4,6 +4,7 @@
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 
 class Conversation(models.Model):
@@ -88,6 +89,18 @@ class StreamRecord(models.Model):
     client_tokens = models.PositiveIntegerField(null=True)
     client_itl_mean_ms = models.FloatField(null=True)
     client_itl_max_ms = models.FloatField(null=True)
+    # Buffering detector: how spread out the tokens were when sent and when they arrived.
+    server_span_ms = models.FloatField(null=True, help_text="First to last token sent.")
+    server_burst_gaps = models.PositiveIntegerField(
+        null=True, help_text="Gaps between tokens sent under 2 ms."
+    )
+    client_span_ms = models.FloatField(null=True, help_text="First to last token arrived.")
+    client_burst_gaps = models.PositiveIntegerField(
+        null=True, help_text="Gaps between tokens arrived under 2 ms."
+    )
+    buffered = models.BooleanField(
+        null=True, help_text="Sent spread out, arrived in bursts: something held the stream."
+    )
     client_reported_at = models.DateTimeField(null=True)
 
     class Meta:
@@ -96,3 +109,55 @@ class StreamRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.path} {self.outcome}"
+
+
+class ServingState(models.Model):
+    """The A/B split and its circuit breaker: one row (pk=1), read by every process."""
+
+    class Mode(models.TextChoices):
+        AUTO = "auto"
+        FORCE_BASELINE = "force_baseline"
+        FORCE_CANDIDATE = "force_candidate"
+
+    class Breaker(models.TextChoices):
+        CLOSED = "closed"
+        OPEN = "open"
+        HALF_OPEN = "half_open"
+
+    #: Share of students on the candidate path, 0-100; null: the settings' default.
+    candidate_percent = models.FloatField(null=True, blank=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.AUTO)
+    breaker = models.CharField(max_length=16, choices=Breaker.choices, default=Breaker.CLOSED)
+    #: When the breaker last changed state; null: never.
+    breaker_since = models.DateTimeField(null=True, blank=True)
+    #: When some process last evaluated the breaker (only one does per interval).
+    evaluated_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.mode} {self.breaker} {self.candidate_percent}%"
+
+
+class BreakerEvent(models.Model):
+    """What changed the split: a trip with the figures that tripped it, a recovery, a person."""
+
+    class Kind(models.TextChoices):
+        TRIPPED = "tripped"
+        HALF_OPEN = "half_open"
+        CLOSED = "closed"
+        REOPENED = "reopened"
+        SPLIT_CHANGED = "split_changed"
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    breaker = models.CharField(max_length=16, choices=ServingState.Breaker.choices)
+    message = models.CharField(max_length=300)
+    figures = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.kind}: {self.message}"

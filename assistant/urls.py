@@ -1,12 +1,15 @@
 from django.urls import path
 
-from assistant import views
+from assistant import stream_views, views
 
 app_name = "assistant"
 
 urlpatterns = [
     path("", views.chat_page, name="chat"),
     path("api/chat/beacon", views.beacon, name="beacon"),
+    # Reached through the ASGI router (chatsite/asgi.py) when it picks the "django" path.
+    path("api/chat/stream", stream_views.chat_stream, name="stream"),
+    path("api/chat/stream/django", stream_views.chat_stream, name="stream-django"),
     path("api/conversations", views.conversations, name="conversations"),
     path(
         "api/conversations/<uuid:conversation_id>", views.conversation_detail, name="conversation"

@@ -9,10 +9,11 @@ django_application = get_asgi_application()
 
 # Imported after Django is set up: these touch models and settings.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path, re_path  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 from assistant import engines  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
+from assistant.routing import ChatStreamRouter  # noqa: E402
 
 # Several workers share PROMETHEUS_MULTIPROC_DIR: when this one exits, its live gauges
 # (streams open now) must stop counting.
@@ -23,15 +24,21 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
     atexit.register(multiprocess.mark_process_dead, os.getpid())
 
-# Load the model now, once per process, so the first student does not wait for it.
+# Load the models now, once per process, so the first student does not wait for them.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":
-    engines.preload()
+    engines.preload_serving()
+
+# The chat stream: the "direct" path is the Channels consumer, the "django" path is a view in
+# the Django application (through its middleware); the router picks one per request.
+chat_stream = ChatStreamRouter(
+    {"direct": ChatStreamConsumer.as_asgi(), "django": django_application}
+)
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter(
             [
-                path("api/chat/stream", ChatStreamConsumer.as_asgi()),
+                re_path(r"^api/chat/stream(?:/direct|/django)?$", chat_stream),
                 re_path(r"", django_application),
             ]
         ),

@@ -64,7 +64,8 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # WhiteNoise, wrapped so that the stack stays async (no thread hop per request).
+    "assistant.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -73,6 +74,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+
+# Off by default: nginx compresses in the production profile. When on, event streams are left
+# alone (compression makes proxies and browsers wait for fuller blocks).
+if env_bool("CHATSITE_GZIP", False):
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+        "assistant.middleware.EventStreamSafeGZipMiddleware",
+    )
 
 ROOT_URLCONF = "chatsite.urls"
 ASGI_APPLICATION = "chatsite.asgi.application"
@@ -124,6 +133,9 @@ SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
+# The API answers a failed CSRF check with a JSON error, pages with Django's own.
+CSRF_FAILURE_VIEW = "assistant.stream_views.csrf_failure"
+LOGIN_URL = "admin:login"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
@@ -176,29 +188,74 @@ _ENGINE_BACKENDS = {
     "vllm-inprocess": "assistant.engines.vllm_inprocess.VLLMInProcessEngine",
     "scripted": "assistant.engines.scripted.ScriptedEngine",
 }
-_engine_name = env_str("CHATSITE_ENGINE", "llamacpp")
-if _engine_name not in _ENGINE_BACKENDS:
-    raise ImproperlyConfigured(
-        f"CHATSITE_ENGINE={_engine_name!r} is not one of {', '.join(_ENGINE_BACKENDS)}."
-    )
-CHATSITE_ENGINES = {
-    "default": {
-        "BACKEND": _ENGINE_BACKENDS[_engine_name],
+
+
+def engine_config(prefix: str, default: str) -> dict[str, object]:
+    """One engine alias from ``<prefix>ENGINE`` and its options from ``<prefix>...`` variables."""
+    name = env_str(f"{prefix}ENGINE", default)
+    if name not in _ENGINE_BACKENDS:
+        raise ImproperlyConfigured(
+            f"{prefix}ENGINE={name!r} is not one of {', '.join(_ENGINE_BACKENDS)}."
+        )
+    return {
+        "BACKEND": _ENGINE_BACKENDS[name],
         "OPTIONS": {
             # llamacpp
-            "MODEL_PATH": env_str("CHATSITE_LLAMACPP_MODEL_PATH"),
-            "N_THREADS": env_int("CHATSITE_LLAMACPP_THREADS", 0),
-            "N_CTX": env_int("CHATSITE_LLAMACPP_N_CTX", 2048),
+            "MODEL_PATH": env_str(f"{prefix}LLAMACPP_MODEL_PATH"),
+            "N_THREADS": env_int(f"{prefix}LLAMACPP_THREADS", 0),
+            "N_CTX": env_int(f"{prefix}LLAMACPP_N_CTX", 2048),
             # vllm (OpenAI-compatible HTTP) and vllm-inprocess
-            "BASE_URL": env_str("CHATSITE_VLLM_URL", "http://127.0.0.1:8000/v1"),
-            "MODEL": env_str("CHATSITE_VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"),
-            "API_KEY": env_str("CHATSITE_VLLM_API_KEY"),
+            "BASE_URL": env_str(f"{prefix}VLLM_URL", "http://127.0.0.1:8000/v1"),
+            "MODEL": env_str(f"{prefix}VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+            "API_KEY": env_str(f"{prefix}VLLM_API_KEY"),
             # scripted
-            "TTFT_MS": env_int("CHATSITE_SCRIPTED_TTFT_MS", 50),
-            "ITL_MS": env_int("CHATSITE_SCRIPTED_ITL_MS", 20),
-            "TOKENS": env_int("CHATSITE_SCRIPTED_TOKENS", 20),
+            "TTFT_MS": env_int(f"{prefix}SCRIPTED_TTFT_MS", 50),
+            "ITL_MS": env_int(f"{prefix}SCRIPTED_ITL_MS", 20),
+            "TOKENS": env_int(f"{prefix}SCRIPTED_TOKENS", 20),
         },
+    }
+
+
+# CHATSITE_ENGINE picks the "default" alias's backend; CHATSITE_CANDIDATE_ENGINE (with options
+# named CHATSITE_CANDIDATE_VLLM_URL and so on) adds a "candidate" alias to A/B two engines.
+CHATSITE_ENGINES = {"default": engine_config("CHATSITE_", "llamacpp")}
+if env_str("CHATSITE_CANDIDATE_ENGINE"):
+    CHATSITE_ENGINES["candidate"] = engine_config("CHATSITE_CANDIDATE_", "")
+
+# Two serving paths with one protocol: "direct" (a Channels consumer, raw ASGI sends) and
+# "django" (an async view through the middleware stack). /api/chat/stream sends a sticky share
+# of sessions to the candidate; a circuit breaker sends everyone back to the baseline when the
+# candidate is slower or fails more. Staff change the share on the dashboard (stored in the
+# database); CANDIDATE_PERCENT is the share until they do.
+CHATSITE_SERVING = {
+    "ENGINES": {
+        "direct": env_str("CHATSITE_DIRECT_ENGINE_ALIAS", "default"),
+        "django": env_str("CHATSITE_DJANGO_ENGINE_ALIAS", "default"),
     },
+    "BASELINE": env_str("CHATSITE_BASELINE_PATH", "direct"),
+    "CANDIDATE": env_str("CHATSITE_CANDIDATE_PATH", "django"),
+    "CANDIDATE_PERCENT": float(env_str("CHATSITE_CANDIDATE_PERCENT", "0")),
+    # Seconds between re-reads of the shared split in each process.
+    "REFRESH_S": float(env_str("CHATSITE_SPLIT_REFRESH_S", "1")),
+}
+if {CHATSITE_SERVING["BASELINE"], CHATSITE_SERVING["CANDIDATE"]} != {"direct", "django"}:
+    raise ImproperlyConfigured(
+        "CHATSITE_BASELINE_PATH and CHATSITE_CANDIDATE_PATH must be 'direct' and 'django'."
+    )
+
+CHATSITE_BREAKER = {
+    "WINDOW_S": float(env_str("CHATSITE_BREAKER_WINDOW_S", "300")),
+    # Fewer samples than this on either side: no verdict, whatever the figures say.
+    "MIN_SAMPLES": env_int("CHATSITE_BREAKER_MIN_SAMPLES", 50),
+    # Trip when the candidate's P95 server TTFT exceeds this times the baseline's...
+    "P95_RATIO": float(env_str("CHATSITE_BREAKER_P95_RATIO", "1.2")),
+    # ... or its error rate exceeds the baseline's by this much (0.05 = 5 points).
+    "ERROR_MARGIN": float(env_str("CHATSITE_BREAKER_ERROR_MARGIN", "0.05")),
+    "COOLDOWN_S": float(env_str("CHATSITE_BREAKER_COOLDOWN_S", "120")),
+    # While half-open, this share (at most the configured one) tries the candidate again.
+    "HALF_OPEN_PERCENT": float(env_str("CHATSITE_BREAKER_HALF_OPEN_PERCENT", "5")),
+    "HALF_OPEN_SAMPLES": env_int("CHATSITE_BREAKER_HALF_OPEN_SAMPLES", 20),
+    "EVALUATE_S": float(env_str("CHATSITE_BREAKER_EVALUATE_S", "2")),
 }
 
 # (requests, seconds) per session or user.

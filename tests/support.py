@@ -144,22 +144,32 @@ class ChatClient:
     def csrf_token(self) -> str:
         return self.client.cookies["csrftoken"]
 
-    def post_stream(self, body: Any, **kwargs: Any) -> httpx.Response:
+    def post_stream(
+        self, body: Any, *, url: str = "/api/chat/stream", **kwargs: Any
+    ) -> httpx.Response:
         headers = {"X-CSRFToken": self.csrf_token, **kwargs.pop("headers", {})}
-        return self.client.post("/api/chat/stream", json=body, headers=headers, **kwargs)
+        return self.client.post(url, json=body, headers=headers, **kwargs)
 
-    def stream(self, message: str, conversation: str | None = None) -> Iterator[Event]:
+    def stream(
+        self, message: str, conversation: str | None = None, *, url: str = "/api/chat/stream"
+    ) -> Iterator[Event]:
         """Events of one answer, as they arrive."""
         reader = SSEReader()
         headers = {"X-CSRFToken": self.csrf_token}
         body = {"message": message, "conversation": conversation}
-        with self.client.stream("POST", "/api/chat/stream", json=body, headers=headers) as response:
+        with self.client.stream("POST", url, json=body, headers=headers) as response:
             assert response.status_code == 200, response.read()
             for chunk in response.iter_raw():
                 yield from reader.feed(chunk)
 
-    def ask(self, message: str, conversation: str | None = None) -> list[Event]:
-        return list(self.stream(message, conversation))
+    def ask(
+        self, message: str, conversation: str | None = None, *, url: str = "/api/chat/stream"
+    ) -> list[Event]:
+        return list(self.stream(message, conversation, url=url))
+
+    @property
+    def session_key(self) -> str:
+        return self.client.cookies["sessionid"]
 
     def cookies(self) -> dict[str, str]:
         return {cookie.name: cookie.value for cookie in self.client.cookies.jar}

@@ -30,6 +30,7 @@ __all__ = [
     "GenerationParams",
     "get_engine",
     "preload",
+    "preload_serving",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,12 @@ def preload(alias: str = "default") -> BaseEngine | None:
         logger.error("Engine %r is unavailable (%s); chat requests get 503.", alias, exc)
         return None
     return engine
+
+
+def preload_serving() -> None:
+    """Preload every engine a serving path uses."""
+    for alias in sorted(set(settings.CHATSITE_SERVING["ENGINES"].values())):
+        preload(alias)
 
 
 @receiver(setting_changed)

@@ -23,7 +23,10 @@ CLIENT_OUTCOMES = {"ok", "error", "stopped", "timeout", "abandoned"}
 #: No measurement is longer than this (ms): an answer is cut off long before.
 MAX_MS = 15 * 60 * 1000
 MAX_TOKENS = 100_000
-_FIELDS = ("ttfb_ms", "ttft_ms", "done_ms", "waited_ms", "itl_mean_ms", "itl_max_ms")
+_FIELDS = ("ttfb_ms", "ttft_ms", "done_ms", "waited_ms", "itl_mean_ms", "itl_max_ms", "span_ms")
+#: Fewer tokens than this, or sent within less than this span (ms), cannot show buffering.
+BUFFERING_MIN_TOKENS = 5
+BUFFERING_MIN_SPAN_MS = 50.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +39,9 @@ class Beacon:
     waited_ms: float | None
     itl_mean_ms: float | None
     itl_max_ms: float | None
+    span_ms: float | None
     tokens: int | None
+    burst_gaps: int | None
 
     @property
     def client_ttft(self) -> float:
@@ -70,11 +75,10 @@ def beacon_parse(payload: Any) -> Beacon:
             errors.BEACON_INVALID.with_message(f"outcome must be one of {sorted(CLIENT_OUTCOMES)}.")
         )
     values = {name: _number(payload, name) for name in _FIELDS}
-    tokens = payload.get("tokens")
-    if tokens is not None and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_TOKENS
-    ):
-        raise Rejected(errors.BEACON_INVALID.with_message("tokens is out of range."))
+    tokens = _count(payload, "tokens")
+    burst_gaps = _count(payload, "burst_gaps")
+    if burst_gaps is not None and burst_gaps >= max(tokens or 0, 1):
+        raise Rejected(errors.BEACON_INVALID.with_message("burst_gaps must be below tokens."))
     ordered = [values[k] for k in ("ttfb_ms", "ttft_ms", "done_ms") if values[k] is not None]
     if ordered != sorted(ordered):
         raise Rejected(
@@ -86,7 +90,49 @@ def beacon_parse(payload: Any) -> Beacon:
         raise Rejected(
             errors.BEACON_INVALID.with_message("Report ttft_ms, or waited_ms when none came.")
         )
-    return Beacon(request_id=request_id, outcome=outcome, tokens=tokens, **values)
+    return Beacon(
+        request_id=request_id, outcome=outcome, tokens=tokens, burst_gaps=burst_gaps, **values
+    )
+
+
+def _count(payload: dict[str, Any], name: str) -> int | None:
+    value = payload.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS
+    ):
+        raise Rejected(errors.BEACON_INVALID.with_message(f"{name} is out of range."))
+    return value
+
+
+def buffering_judge(
+    *,
+    server_tokens: int,
+    server_span_ms: float | None,
+    server_burst_gaps: int | None,
+    client_tokens: int | None,
+    client_span_ms: float | None,
+    client_burst_gaps: int | None,
+) -> bool | None:
+    """Did something between the server and the page hold the stream back?
+
+    The server sent its tokens spread out, but they reached the browser together: either in a
+    much shorter span, or with at least half of the gaps between them collapsed to nothing more
+    than the server's own. That is the signature of a buffering proxy, gzip or a CDN. None when
+    the stream was too short to tell.
+    """
+    if (
+        server_tokens < BUFFERING_MIN_TOKENS
+        or not client_tokens
+        or client_tokens < BUFFERING_MIN_TOKENS
+        or server_span_ms is None
+        or server_span_ms < BUFFERING_MIN_SPAN_MS
+        or client_span_ms is None
+        or client_burst_gaps is None
+    ):
+        return None
+    server_share = (server_burst_gaps or 0) / (server_tokens - 1)
+    client_share = client_burst_gaps / (client_tokens - 1)
+    return client_span_ms < server_span_ms / 2 or client_share - server_share >= 0.5
 
 
 def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
@@ -110,6 +156,16 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
         record.client_tokens = beacon.tokens
         record.client_itl_mean_ms = beacon.itl_mean_ms
         record.client_itl_max_ms = beacon.itl_max_ms
+        record.client_span_ms = beacon.span_ms
+        record.client_burst_gaps = beacon.burst_gaps
+        record.buffered = buffering_judge(
+            server_tokens=record.tokens,
+            server_span_ms=record.server_span_ms,
+            server_burst_gaps=record.server_burst_gaps,
+            client_tokens=beacon.tokens,
+            client_span_ms=beacon.span_ms,
+            client_burst_gaps=beacon.burst_gaps,
+        )
         record.client_reported_at = timezone.now()
         record.save(update_fields=list(_RECORD_FIELDS))
     metrics.TTFT.labels(record.path, record.engine, "client").observe(beacon.client_ttft)
@@ -125,5 +181,8 @@ _RECORD_FIELDS = (
     "client_tokens",
     "client_itl_mean_ms",
     "client_itl_max_ms",
+    "client_span_ms",
+    "client_burst_gaps",
+    "buffered",
     "client_reported_at",
 )

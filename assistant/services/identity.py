@@ -38,8 +38,11 @@ def session_ensure(session: Any) -> bool:
     return True
 
 
-def identity_resolve(session_key: str | None) -> Identity:
-    """Synchronous (ORM): the identity behind a session cookie, creating a session if needed."""
+def identity_resolve(session_key: str | None, *, create: bool = True) -> Identity:
+    """Synchronous (ORM): the identity behind a session cookie, creating a session if needed.
+
+    With ``create=False`` a request without a live session gets the empty owner key.
+    """
     store = import_module(settings.SESSION_ENGINE).SessionStore
     session = store(session_key)
     request = HttpRequest()
@@ -47,6 +50,8 @@ def identity_resolve(session_key: str | None) -> Identity:
     # Loads the session; an unknown or expired key leaves it empty and without a key.
     user = get_user(request)
     set_cookie = None
+    if not create and not session.session_key and not user.is_authenticated:
+        return Identity(owner_key="")
     if session_ensure(session):
         set_cookie = session_cookie_header(session.session_key)
     return Identity(owner_key=owner_key_for(user, session.session_key), set_cookie=set_cookie)

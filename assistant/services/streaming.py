@@ -16,6 +16,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -188,6 +189,11 @@ def error_frame(code: str, message: str) -> bytes:
     return sse.encode_json_event({"code": code, "message": message}, event="error")
 
 
+def server_error_frame() -> bytes:
+    """The last frame of a stream the server itself broke."""
+    return error_frame("server_error", "The server failed while answering.")
+
+
 class Heartbeat:
     """Sends ``: ping`` whenever nothing was sent for ``interval`` seconds.
 
@@ -266,6 +272,56 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         raise
     finally:
         await stream.aclose()
+
+
+async def chat_stream_body(stream: ChatStream) -> AsyncIterator[bytes]:
+    """``chat_stream_frames``, ending with an ``error`` event if the server itself fails."""
+    try:
+        async with aclosing(chat_stream_frames(stream)) as frames:
+            async for frame in frames:
+                yield frame
+    except Exception:
+        logger.exception("Chat stream %s crashed", stream.exchange.request_id)
+        yield server_error_frame()
+
+
+async def frames_with_pings(frames: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
+    """``frames`` with ``: ping`` whenever nothing came for ``interval`` seconds, as one iterator
+    (for a response that is an iterator, such as Django's ``StreamingHttpResponse``).
+
+    One task per stream pulls the frames into a one-slot queue; the reader waits on the queue
+    with a timeout, which never interrupts the engine. Closing this iterator stops the puller.
+    """
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=1)
+
+    async def pull() -> None:
+        try:
+            async with aclosing(frames) as source:  # type: ignore[type-var]
+                async for frame in source:
+                    await queue.put(frame)
+        except Exception as exc:
+            await queue.put(exc)
+            return
+        await queue.put(None)
+
+    puller = asyncio.create_task(pull())
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(interval):
+                    item = await queue.get()
+            except TimeoutError:
+                yield PING
+                continue
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        if not puller.done():
+            puller.cancel()
+        await asyncio.wait({puller})
 
 
 async def _answer_persist(stream: ChatStream) -> None:

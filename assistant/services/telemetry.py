@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from assistant import metrics
 from assistant.models import StreamRecord
+from assistant.services.timings import StreamTimings
 
 if TYPE_CHECKING:
     from assistant.services.streaming import ChatStream
@@ -37,6 +38,31 @@ def stream_record(stream: "ChatStream") -> StreamRecord:
         itl_mean_ms=ms["inter_token_mean"],
         itl_max_ms=ms["inter_token_max"],
         e2e_ms=ms["finished"],
+        server_span_ms=ms["span"],
+        server_burst_gaps=t.burst_gaps() if t.tokens else None,
+    )
+
+
+def refused_record(
+    *,
+    request_id: str,
+    owner_key: str,
+    path: str,
+    engine: str,
+    reason: str,
+    timings: StreamTimings,
+) -> StreamRecord:
+    """The record of a stream the engine could not take (answered 503)."""
+    ms = timings.as_ms()
+    return StreamRecord(
+        request_id=request_id,
+        created_at=timings.received_at,
+        owner_key=owner_key,
+        path=path,
+        engine=engine,
+        outcome=StreamRecord.Outcome.ENGINE_ERROR,
+        error_code=reason,
+        parse_ms=ms["parsed"],
     )
 
 

@@ -1,14 +1,29 @@
 """Server-side stage timings of one stream, on the monotonic clock."""
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
+
+#: Tokens closer together than this (seconds) count as one burst.
+BURST_GAP_S = 0.002
+
+
+#: Where the ASGI router notes when a chat request arrived, before any path's own code runs.
+RECEIVED_KEY = "chatsite.received"
 
 
 def now() -> float:
     return time.monotonic()
+
+
+def received_at(scope: Mapping[str, Any]) -> float:
+    """When the request arrived: the router's stamp, else now."""
+    stamp = scope.get(RECEIVED_KEY)
+    return stamp if isinstance(stamp, float) else now()
 
 
 @dataclass(slots=True)
@@ -35,6 +50,10 @@ class StreamTimings:
         self.last_token_sent = at
         self.tokens += 1
 
+    def burst_gaps(self) -> int:
+        """Gaps between tokens sent under ``BURST_GAP_S``: tokens that left together."""
+        return sum(gap < BURST_GAP_S for gap in self.gaps)
+
     def _since_received(self, stamp: float) -> float | None:
         return round((stamp - self.received) * 1000, 3) if stamp else None
 
@@ -55,5 +74,6 @@ class StreamTimings:
             "server_ttft": self._since_received(self.first_token_sent),
             "inter_token_mean": round(sum(gaps) / len(gaps) * 1000, 3) if gaps else None,
             "inter_token_max": round(max(gaps) * 1000, 3) if gaps else None,
+            "span": self._between(self.first_token_sent, self.last_token_sent),
             "tokens": self.tokens,
         }

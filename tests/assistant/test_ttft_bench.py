@@ -78,14 +78,24 @@ def test_measures_a_200_ms_first_token_like_a_browser(server: LiveServer, tmp_pa
     assert imread(png_file).shape[:2] == (450, 800)
 
 
-def test_a_path_the_server_lacks_is_a_clear_error(server: LiveServer) -> None:
-    """--path django today: the server answers 404, and the command stops with a CommandError
-    naming the URL and the flag, and exits non-zero from the shell."""
-    with pytest.raises(CommandError, match=r"/api/chat/stream/django answered 404.*--path django"):
-        bench("--url", server.url, "-n", "3", "--path", "django", "--no-progress")
+def test_each_serving_path_can_be_measured(server: LiveServer) -> None:
+    """--path direct and --path django reach their own endpoint and answer in full."""
+    for path in ("direct", "django"):
+        report, _ = bench(
+            *("--url", server.url, "-n", "3", "--path", path, "--no-progress", "--prompt", FAST)
+        )
+        assert re.search(r"^outcomes .*ok 3", report, re.MULTILINE), report
+
+
+def test_a_url_without_chatsite_is_a_clear_error(server: LiveServer) -> None:
+    """A URL without chatsite behind it answers 404: the command stops with a CommandError
+    naming the URL, and exits non-zero from the shell."""
+    elsewhere = f"{server.url}/elsewhere"
+    with pytest.raises(CommandError, match=r"GET .*/elsewhere/ answered 404"):
+        bench("--url", elsewhere, "-n", "3", "--path", "django", "--no-progress")
 
     result = subprocess.run(
-        [sys.executable, "manage.py", "ttft_bench", "--url", server.url, "--path", "django"],
+        [sys.executable, "manage.py", "ttft_bench", "--url", elsewhere, "--path", "django"],
         cwd=ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "chatsite.settings"},
         capture_output=True,

@@ -15,6 +15,8 @@ export class RequestTimer {
     this.lastToken = null;
     this.gapTotal = 0;
     this.gapMax = 0;
+    // Gaps under 2 ms: tokens that arrived together (the server counts its own the same way).
+    this.burstGaps = 0;
     this.reported = false;
   }
 
@@ -34,6 +36,7 @@ export class RequestTimer {
       const gap = now - this.lastToken;
       this.gapTotal += gap;
       this.gapMax = Math.max(this.gapMax, gap);
+      if (gap < 2) this.burstGaps += 1;
     }
     this.lastToken = now;
     this.tokens += 1;
@@ -52,6 +55,8 @@ export class RequestTimer {
       tokens: this.tokens,
       itl_mean_ms: gaps > 0 ? round(this.gapTotal / gaps) : null,
       itl_max_ms: gaps > 0 ? round(this.gapMax) : null,
+      span_ms: gaps > 0 ? round(this.lastToken - this.ttft) : null,
+      burst_gaps: gaps > 0 ? this.burstGaps : null,
     };
   }
 
