@@ -100,15 +100,10 @@ class ChatStreamConsumer(AsyncHttpConsumer):
                 await self.send_body(server_error_frame(), more_body=False)
 
     async def stream_or_reject(self, body: bytes) -> None:
+        # Method, content type and host were checked by the router (assistant.routing).
         scope = self.scope
-        if scope["method"] != "POST":
-            await self.send_error(errors.METHOD_NOT_ALLOWED, [(b"allow", b"POST")])
-            return
-        if not http.is_json(http.header(scope, b"content-type")):
-            await self.send_error(errors.UNSUPPORTED_MEDIA_TYPE)
-            return
         request = http.asgi_request(scope, body)
-        rejected = http.request_error(request)
+        rejected = http.csrf_error(request)
         if rejected is not None:
             await self.send_error(rejected)
             return

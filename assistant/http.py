@@ -22,17 +22,8 @@ def _protected_view() -> None:
     """Stands for the consumer: not csrf_exempt, so the full check applies."""
 
 
-def asgi_request(scope: dict[str, Any], body: bytes) -> ASGIRequest:
+def asgi_request(scope: Any, body: bytes) -> ASGIRequest:
     return ASGIRequest(scope, io.BytesIO(body))
-
-
-def request_error(request: ASGIRequest) -> errors.ApiError | None:
-    """The checks Django's middleware makes before a view: allowed host, then CSRF."""
-    try:
-        request.get_host()
-    except DisallowedHost:
-        return errors.BAD_HOST
-    return csrf_error(request)
 
 
 def csrf_error(request: ASGIRequest) -> errors.ApiError | None:
@@ -48,7 +39,21 @@ def csrf_error(request: ASGIRequest) -> errors.ApiError | None:
     return errors.CSRF_FAILED.with_message(f"{errors.CSRF_FAILED.message} ({reason})")
 
 
-def header(scope: dict[str, Any], name: bytes) -> str | None:
+def preflight_error(scope: Any) -> tuple[errors.ApiError, list[tuple[bytes, bytes]]] | None:
+    """What a chat stream request is refused for before its body matters: the method, the
+    content type and the host. Checked once, by the router, so both paths answer alike."""
+    if scope["method"] != "POST":
+        return errors.METHOD_NOT_ALLOWED, [(b"allow", b"POST")]
+    if not is_json(header(scope, b"content-type")):
+        return errors.UNSUPPORTED_MEDIA_TYPE, []
+    try:
+        asgi_request(scope, b"").get_host()
+    except DisallowedHost:
+        return errors.BAD_HOST, []
+    return None
+
+
+def header(scope: Any, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
             return value.decode("latin-1")

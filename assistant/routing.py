@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.http.cookie import parse_cookie
 
+from assistant import http
 from assistant.services.serving import split_current
 from assistant.services.timings import RECEIVED_KEY, now
 
@@ -38,6 +39,13 @@ class ChatStreamRouter:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         scope[RECEIVED_KEY] = now()
+        refused = http.preflight_error(scope)
+        if refused is not None:
+            error, extra = refused
+            headers = http.json_response_headers(extra)
+            await send({"type": "http.response.start", "status": error.status, "headers": headers})
+            await send({"type": "http.response.body", "body": error.body()})
+            return
         named = scope["path"].removeprefix(STREAM_PREFIX).strip("/")
         if named:
             path = named

@@ -31,11 +31,9 @@ def api_error(
 
 async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     """``POST /api/chat/stream/django``: answer one chat message as Server-Sent Events."""
+    # Method, content type and host were checked by the router (assistant.routing), CSRF by
+    # the middleware.
     timings = StreamTimings(received=received_at(request.scope))  # type: ignore[attr-defined]
-    if request.method != "POST":
-        return api_error(errors.METHOD_NOT_ALLOWED, [(b"allow", b"POST")])
-    if not http.is_json(request.headers.get("content-type")):
-        return api_error(errors.UNSUPPORTED_MEDIA_TYPE)
     if int(request.META.get("CONTENT_LENGTH") or 0) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
         return api_error(errors.BODY_TOO_LARGE)
     body = request.body

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from assistant import stream_views, views
+from assistant import dashboard_views, stream_views, views
 
 app_name = "assistant"
 
@@ -10,6 +10,12 @@ urlpatterns = [
     # Reached through the ASGI router (chatsite/asgi.py) when it picks the "django" path.
     path("api/chat/stream", stream_views.chat_stream, name="stream"),
     path("api/chat/stream/django", stream_views.chat_stream, name="stream-django"),
+    path("dashboard/", dashboard_views.dashboard, name="dashboard"),
+    path("dashboard/events", dashboard_views.dashboard_events, name="dashboard-events"),
+    path(
+        "dashboard/api/snapshot", dashboard_views.dashboard_snapshot_json, name="dashboard-snapshot"
+    ),
+    path("dashboard/api/split", dashboard_views.split_update, name="dashboard-split"),
     path("api/conversations", views.conversations, name="conversations"),
     path(
         "api/conversations/<uuid:conversation_id>", views.conversation_detail, name="conversation"

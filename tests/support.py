@@ -174,7 +174,14 @@ class ChatClient:
     def cookies(self) -> dict[str, str]:
         return {cookie.name: cookie.value for cookie in self.client.cookies.jar}
 
-    def raw(self, payload: Any, headers: dict[str, str] | None = None) -> "RawResponse":
+    def raw(
+        self,
+        payload: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        path: str = "/api/chat/stream",
+        method: str = "POST",
+    ) -> "RawResponse":
         """POST ``payload`` as JSON on a raw socket, with this client's cookies and token."""
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         all_headers = {
@@ -182,7 +189,14 @@ class ChatClient:
             "X-CSRFToken": self.csrf_token,
             **(headers or {}),
         }
-        return raw_post(self.server.port, body, cookies=self.cookies(), headers=all_headers)
+        return raw_post(
+            self.server.port,
+            body,
+            cookies=self.cookies(),
+            headers=all_headers,
+            path=path,
+            method=method,
+        )
 
     def close(self) -> None:
         self.client.close()

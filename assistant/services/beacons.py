@@ -46,9 +46,20 @@ class Beacon:
     @property
     def client_ttft(self) -> float:
         """Seconds to the first token, or, when none came, at least the time waited."""
-        if self.ttft_ms is not None:
-            return self.ttft_ms / 1000
-        return (self.waited_ms or self.done_ms or 0) / 1000
+        return (
+            client_ttft_ms(ttft_ms=self.ttft_ms, waited_ms=self.waited_ms, done_ms=self.done_ms)
+            / 1000
+        )
+
+
+def client_ttft_ms(
+    *, ttft_ms: float | None, waited_ms: float | None, done_ms: float | None
+) -> float:
+    """The browser's TTFT (ms): its first token, or, when none came, at least the time waited,
+    so that percentiles are not biased toward the requests that survived."""
+    if ttft_ms is not None:
+        return ttft_ms
+    return waited_ms or done_ms or 0.0
 
 
 def _number(payload: dict[str, Any], name: str) -> float | None:

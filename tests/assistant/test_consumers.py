@@ -1,4 +1,5 @@
-"""The stream endpoint over real HTTP against Daphne on loopback (scripted engine)."""
+"""The stream endpoint over real HTTP against Daphne on loopback (scripted engine), on both
+serving paths: every behaviour here is the protocol, whichever transport carries it."""
 
 import itertools
 import json
@@ -12,28 +13,41 @@ from tests.support import ChatClient, LiveServer, wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_headers_say_event_stream_and_forbid_buffering(chat_client: ChatClient) -> None:
+@pytest.fixture(params=["direct", "django"])
+def path(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def url(path: str) -> str:
+    return f"/api/chat/stream/{path}"
+
+
+def test_headers_say_event_stream_and_forbid_buffering(chat_client: ChatClient, url: str) -> None:
     """The response is an uncompressed, unbuffered, open-ended event stream."""
     response = chat_client.raw(
         {"message": "[scripted tokens=2]", "conversation": None},
-        headers={"Accept-Encoding": "gzip, br", "X-Request-Id": "req-abcdef12"},
+        headers={"Accept-Encoding": "gzip, br", "X-Request-Id": f"req-{url[-6:]}-abcdef12"},
+        path=url,
     )
     assert response.status == 200
     assert response.header("content-type") == "text/event-stream; charset=utf-8"
     assert response.header("cache-control") == "no-cache, no-transform"
     assert response.header("x-accel-buffering") == "no"
-    assert response.header("x-request-id") == "req-abcdef12"
+    assert response.header("x-request-id") == f"req-{url[-6:]}-abcdef12"
     assert response.header("content-length") is None
     assert response.header("content-encoding") is None
     # Chunked framing chosen once, by the server, not by the application.
     assert response.header_count("transfer-encoding") == 1
     events = list(response.events())
-    assert events[0].json()["request_id"] == "req-abcdef12"
+    assert events[0].json()["request_id"] == f"req-{url[-6:]}-abcdef12"
 
 
-def test_event_sequence_is_open_meta_tokens_done(chat_client: ChatClient) -> None:
+def test_event_sequence_is_open_meta_tokens_done(
+    chat_client: ChatClient, path: str, url: str
+) -> None:
     """`: open` comes first, then meta, one numbered token per delta, and done with timings."""
-    response = chat_client.raw({"message": "[scripted tokens=5]", "conversation": None})
+    response = chat_client.raw({"message": "[scripted tokens=5]", "conversation": None}, path=url)
     chunks = [data for _, data in response.chunks()]
     assert chunks[0] == b": open\n\n"
     body = b"".join(chunks).decode()
@@ -41,7 +55,7 @@ def test_event_sequence_is_open_meta_tokens_done(chat_client: ChatClient) -> Non
     assert frames[0] == ": open"
     assert frames[1].startswith("event: meta\ndata: ")
     meta = json.loads(frames[1].split("data: ", 1)[1])
-    assert meta["path"] == "direct"
+    assert meta["path"] == path
     assert meta["engine"] == "scripted"
     assert set(meta) >= {"request_id", "conversation", "message", "user_message"}
     tokens = default_tokens(5)
@@ -61,9 +75,9 @@ def test_event_sequence_is_open_meta_tokens_done(chat_client: ChatClient) -> Non
     assert len(frames) == 8
 
 
-def test_each_token_is_sent_when_generated(chat_client: ChatClient) -> None:
+def test_each_token_is_sent_when_generated(chat_client: ChatClient, url: str) -> None:
     """Tokens 60 ms apart at the engine arrive about 60 ms apart, not in a burst."""
-    response = chat_client.raw({"message": "[scripted tokens=10 itl_ms=60]"})
+    response = chat_client.raw({"message": "[scripted tokens=10 itl_ms=60]"}, path=url)
     arrivals = [e.at for e in response.events() if e.event == "token"]
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert len(arrivals) == 10
@@ -71,10 +85,10 @@ def test_each_token_is_sent_when_generated(chat_client: ChatClient) -> None:
     assert sum(gap > 0.03 for gap in gaps) >= 8, gaps
 
 
-def test_open_and_meta_arrive_before_the_engine_answers(chat_client: ChatClient) -> None:
+def test_open_and_meta_arrive_before_the_engine_answers(chat_client: ChatClient, url: str) -> None:
     """The first bytes leave before the engine's first token (which takes 600 ms here)."""
     sent = time.monotonic()
-    response = chat_client.raw({"message": "[scripted tokens=1 ttft_ms=600]"})
+    response = chat_client.raw({"message": "[scripted tokens=1 ttft_ms=600]"}, path=url)
     events = list(response.events())
     meta, token = events[0], events[1]
     assert meta.event == "meta" and token.event == "token"
@@ -82,11 +96,11 @@ def test_open_and_meta_arrive_before_the_engine_answers(chat_client: ChatClient)
     assert token.at - sent >= 0.6
 
 
-def test_pings_keep_a_silent_stream_alive(daphne_factory) -> None:
+def test_pings_keep_a_silent_stream_alive(daphne_factory, url: str) -> None:
     """With a 150 ms ping interval, a 700 ms wait for the first token carries pings."""
     server: LiveServer = daphne_factory(CHATSITE_PING_INTERVAL="0.15")
     client = ChatClient(server)
-    response = client.raw({"message": "[scripted tokens=2 ttft_ms=700]"})
+    response = client.raw({"message": "[scripted tokens=2 ttft_ms=700]"}, path=url)
     body = b"".join(data for _, data in response.chunks()).decode()
     before_first_token = body.split("event: token")[0]
     assert before_first_token.count(": ping\n\n") >= 3
@@ -95,10 +109,11 @@ def test_pings_keep_a_silent_stream_alive(daphne_factory) -> None:
 
 
 def test_client_disconnect_cancels_the_engine_within_100ms(
-    chat_client: ChatClient, daphne: LiveServer
+    chat_client: ChatClient, daphne: LiveServer, path: str, url: str
 ) -> None:
     """Closing the socket mid-answer stops generation at once, and the partial answer is kept."""
-    response = chat_client.raw({"message": "[scripted tokens=200 itl_ms=20 tag=disconnect]"})
+    tag = f"disconnect-{path}"
+    response = chat_client.raw({"message": f"[scripted tokens=200 itl_ms=20 tag={tag}]"}, path=url)
     received = []
     for event in response.events():
         if event.event == "token":
@@ -107,7 +122,7 @@ def test_client_disconnect_cancels_the_engine_within_100ms(
             break
     closed_at = time.monotonic()
     response.sock.close()
-    cancel = daphne.wait_engine_event("disconnect", "cancel")
+    cancel = daphne.wait_engine_event(tag, "cancel")
     assert cancel["t"] - closed_at < 0.1
     assert 3 <= cancel["tokens"] < 20
 
@@ -123,12 +138,14 @@ def test_client_disconnect_cancels_the_engine_within_100ms(
     assert answer.status == "partial"
     assert answer.finish_reason == "client_abort"
     question = Message.objects.get(role="user", conversation=answer.conversation)
-    assert question.content.endswith("tag=disconnect]")
+    assert question.content.endswith(f"tag={tag}]")
 
 
-def test_engine_failure_before_first_token_is_an_error_event(chat_client: ChatClient) -> None:
+def test_engine_failure_before_first_token_is_an_error_event(
+    chat_client: ChatClient, url: str
+) -> None:
     """Headers are out already, so the failure is an error event; the question is kept."""
-    events = chat_client.ask("[scripted fail_after=0] keep me")
+    events = chat_client.ask("[scripted fail_after=0] keep me", url=url)
     assert [e.event for e in events] == ["meta", "error"]
     error = events[1].json()
     assert error["code"] == "engine_unavailable"
@@ -147,8 +164,10 @@ def test_engine_failure_before_first_token_is_an_error_event(chat_client: ChatCl
     assert saved == [("user", "complete"), ("assistant", "failed")]
 
 
-def test_engine_failure_mid_answer_keeps_the_partial_answer(chat_client: ChatClient) -> None:
-    events = chat_client.ask("[scripted tokens=10 fail_after=3]")
+def test_engine_failure_mid_answer_keeps_the_partial_answer(
+    chat_client: ChatClient, url: str
+) -> None:
+    events = chat_client.ask("[scripted tokens=10 fail_after=3]", url=url)
     assert [e.event for e in events] == ["meta", "token", "token", "token", "error"]
     assert events[-1].json()["code"] == "engine_error"
 
@@ -160,9 +179,9 @@ def test_engine_failure_mid_answer_keeps_the_partial_answer(chat_client: ChatCli
     assert answer.content == "".join(default_tokens(3))
 
 
-def test_server_keeps_serving_after_a_disconnect(chat_client: ChatClient) -> None:
-    response = chat_client.raw({"message": "[scripted tokens=100 itl_ms=20]"})
+def test_server_keeps_serving_after_a_disconnect(chat_client: ChatClient, url: str) -> None:
+    response = chat_client.raw({"message": "[scripted tokens=100 itl_ms=20]"}, path=url)
     next(response.events())
     response.sock.close()
-    events = chat_client.ask("[scripted tokens=3]")
+    events = chat_client.ask("[scripted tokens=3]", url=url)
     assert events[-1].event == "done"
