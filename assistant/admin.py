@@ -1,11 +1,12 @@
-"""Admin: conversations and messages for moderation; stream records read-only."""
+"""Admin: conversations and messages for moderation; stream records and the breaker's log
+read-only (the split itself is changed on the dashboard, where the change is logged)."""
 
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
-from assistant.models import Conversation, Message, StreamRecord
+from assistant.models import BreakerEvent, Conversation, Message, StreamRecord
 
 
 class MessageInline(admin.TabularInline):
@@ -30,9 +31,21 @@ class MessageAdmin(admin.ModelAdmin):
     search_fields = ("content", "request_id")
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Evidence: visible to staff, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(StreamRecord)
-class StreamRecordAdmin(admin.ModelAdmin):
-    """Measurements are evidence: visible to staff, never edited by hand."""
+class StreamRecordAdmin(ReadOnlyAdmin):
 
     list_display = (
         "request_id",
@@ -43,16 +56,21 @@ class StreamRecordAdmin(admin.ModelAdmin):
         "server_ttft_ms",
         "client_ttft_ms",
         "tokens",
+        "buffered",
     )
-    list_filter = ("path", "outcome", "engine", ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        "path",
+        "outcome",
+        "engine",
+        "buffered",
+        ("created_at", admin.DateFieldListFilter),
+    )
     search_fields = ("request_id",)
     date_hierarchy = "created_at"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+@admin.register(BreakerEvent)
+class BreakerEventAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "kind", "breaker", "actor", "message")
+    list_filter = ("kind", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("message", "actor")

@@ -10,7 +10,9 @@ The same client measures three servers on loopback, one at a time:
 * ``bare``: a minimal asyncio HTTP server that sleeps the same delay and writes the same frames
   (the floor: no framework at all);
 * ``uvicorn``: uvicorn + sse-starlette, a common Python streaming stack;
-* ``chatsite``: Daphne + the chatsite consumer with the scripted engine (CSRF, session, SQLite).
+* ``chatsite``: Daphne + chatsite's ``direct`` path (the Channels consumer, through the split
+  router) with the scripted engine (CSRF, session, SQLite);
+* ``chatsite-django``: the same server, ``django`` path (an async view behind the middleware).
 
 Usage: python benchmarks/added_latency.py [--requests 200] [--concurrency 1 50] [--ttft-ms 100]
 Client and servers share the machine's cores, as in a single-host deployment.
@@ -116,9 +118,11 @@ async def run_load(port: int, request: bytes, total: int, concurrency: int) -> l
     return samples
 
 
-def build_request(port: int, body: bytes, cookies: str = "", token: str = "") -> bytes:
+def build_request(
+    port: int, body: bytes, cookies: str = "", token: str = "", path: str = "/api/chat/stream"
+) -> bytes:
     lines = [
-        "POST /api/chat/stream HTTP/1.1",
+        f"POST {path} HTTP/1.1",
         f"Host: 127.0.0.1:{port}",
         "Content-Type: application/json",
         f"Content-Length: {len(body)}",
@@ -174,7 +178,12 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=100)
     parser.add_argument("--tokens", type=int, default=20, help="tokens per answer")
     parser.add_argument("--itl-ms", type=float, default=20, help="engine gap between tokens")
-    parser.add_argument("--servers", nargs="+", default=["bare", "uvicorn", "chatsite"])
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=["bare", "uvicorn", "chatsite", "chatsite-django"],
+        default=["bare", "uvicorn", "chatsite", "chatsite-django"],
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
 
@@ -183,7 +192,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.servers:
             process = None
-            if name == "chatsite":
+            if name.startswith("chatsite"):
                 db = Path(tmp) / "bench.sqlite3"
                 subprocess.run(
                     [sys.executable, "manage.py", "migrate", "-v0"],
@@ -212,7 +221,10 @@ def main() -> None:
                 cookies = "; ".join(f"{k}={v}" for k, v in page.cookies.items())
                 port = server.port
                 body = json.dumps({"message": "What is photosynthesis?"}).encode()
-                request = build_request(port, body, cookies, page.cookies["csrftoken"])
+                path = (
+                    "/api/chat/stream/django" if name == "chatsite-django" else "/api/chat/stream"
+                )
+                request = build_request(port, body, cookies, page.cookies["csrftoken"], path)
             else:
                 port = free_port()
                 code = BARE_SERVER if name == "bare" else UVICORN_SERVER

@@ -61,3 +61,16 @@ def test_conversations_and_messages_are_listed_with_filters(staff: Client) -> No
 def test_admin_needs_staff() -> None:
     anonymous = Client().get("/admin/assistant/streamrecord/")
     assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
+
+
+def test_the_breaker_log_is_listed_and_read_only(staff: Client) -> None:
+    from assistant.models import BreakerEvent
+    from assistant.services.serving import split_change
+
+    split_change(percent=25, mode=None, actor="teacher")
+    event = BreakerEvent.objects.get()
+    listed = staff.get("/admin/assistant/breakerevent/?kind__exact=split_changed")
+    assert listed.status_code == 200 and b"set the candidate share to 25%" in listed.content
+    assert staff.get("/admin/assistant/breakerevent/add/").status_code == 403
+    response = staff.post(f"/admin/assistant/breakerevent/{event.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 403

@@ -113,6 +113,9 @@ def test_beacon_joins_the_browser_timings_to_the_record(chat_client: ChatClient)
         ({"tokens": -3}, "tokens"),
         ({"ttfb_ms": 90.0, "ttft_ms": 50.0}, "order"),
         ({"request_id": "x"}, "request_id"),
+        ({"burst_gaps": 1}, "burst_gaps"),
+        ({"burst_gaps": -1}, "burst_gaps"),
+        ({"span_ms": -5}, "span_ms"),
     ],
 )
 def test_absurd_beacons_are_refused_and_nothing_is_stored(
@@ -215,3 +218,40 @@ def test_metrics_expose_the_stream_figures(chat_client: ChatClient, daphne: Live
     assert all(not math.isnan(v) for v in samples.values())
     labels = {k for _, ls in samples for k, _ in ls}
     assert not labels & {"request_id", "session", "user", "conversation"}
+
+
+@pytest.mark.parametrize(
+    ("span_ms", "burst_gaps", "buffered"),
+    [
+        (100.0, 0, False),  # arrived as spread out as it was sent
+        (2.0, 5, True),  # all at once at the end: a buffering proxy
+        (90.0, 4, True),  # spread over time, but in clumps
+    ],
+)
+def test_the_beacon_flags_tokens_that_arrived_in_bursts(
+    chat_client: ChatClient, span_ms: float, burst_gaps: int, buffered: bool
+) -> None:
+    """The server sent 6 tokens 20 ms apart; the browser says how they arrived."""
+    request_id = chat_client.ask("[scripted tokens=6 itl_ms=20]")[0].json()["request_id"]
+    record = record_of(request_id)
+    assert record.server_span_ms >= 90 and record.server_burst_gaps == 0
+    report = {
+        "request_id": request_id,
+        "outcome": "ok",
+        "ttft_ms": 60.0,
+        "tokens": 6,
+        "span_ms": span_ms,
+        "burst_gaps": burst_gaps,
+    }
+    assert send_beacon(chat_client, report).status_code == 204
+    record.refresh_from_db()
+    assert (record.client_span_ms, record.client_burst_gaps) == (span_ms, burst_gaps)
+    assert record.buffered is buffered
+
+
+def test_a_short_stream_cannot_be_judged(chat_client: ChatClient) -> None:
+    request_id = chat_client.ask("[scripted tokens=2 itl_ms=20]")[0].json()["request_id"]
+    record_of(request_id)
+    report = {"request_id": request_id, "outcome": "ok", "ttft_ms": 60.0, "tokens": 2}
+    assert send_beacon(chat_client, {**report, "span_ms": 0.5, "burst_gaps": 1}).status_code == 204
+    assert StreamRecord.objects.get(request_id=request_id).buffered is None
