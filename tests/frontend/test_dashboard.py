@@ -1,0 +1,248 @@
+"""The staff dashboard in headless Chromium against a real Daphne serving the scripted engine.
+
+A staff user logs in through the admin's login page, as a teacher would, and keeps the dashboard
+open while chats are made on the same server: by ``ChatClient`` (no browser timings) and by the
+chat page in a second browser context (which reports its own).
+"""
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from assistant import errors
+from tests.frontend.test_chat_page import ask, wait_finished
+from tests.support import ChatClient, LiveServer
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "dashboard-test-password"
+# Per path, the sums of each histogram's datasets: (browser-measured, server-measured).
+HISTOGRAM_SUMS = """() => Object.fromEntries(
+    [...document.querySelectorAll('#histograms canvas')].map((canvas) => [
+        canvas.id.replace('histogram-', ''),
+        Chart.getChart(canvas).data.datasets.map((d) => d.data.reduce((a, b) => a + b, 0)),
+    ]))"""
+
+# Recorded from before any of the page's own scripts run.
+CSP_VIOLATIONS = """window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+    window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}`);
+});"""
+
+
+def staff_create(username: str) -> None:
+    """A staff account. Created from a worker thread: Playwright's sync API runs an event loop
+    in the test's thread, where Django refuses ORM calls."""
+
+    def create() -> None:
+        from django.contrib.auth import get_user_model
+        from django.db import connection
+
+        try:
+            get_user_model().objects.create_user(
+                username=username, password=PASSWORD, is_staff=True
+            )
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(create).result()
+
+
+@pytest.fixture
+def staff_username() -> str:
+    username = f"teacher-{uuid.uuid4().hex[:8]}"
+    staff_create(username)
+    return username
+
+
+@pytest.fixture
+def dashboard(browser: Browser, daphne: LiveServer, staff_username: str) -> Iterator[Page]:
+    """The dashboard, logged in as staff through /admin/login/, with its first snapshot drawn.
+
+    Uncaught exceptions in the page, and anything its Content-Security-Policy blocks, fail the
+    test.
+    """
+    context = browser.new_context(base_url=daphne.url, viewport={"width": 1400, "height": 1000})
+    context.add_init_script(CSP_VIOLATIONS)
+    page = context.new_page()
+    errors: list[Exception] = []
+    page.on("pageerror", lambda error: errors.append(error))
+    page.goto("/admin/login/?next=/dashboard/")
+    page.locator("#id_username").fill(staff_username)
+    page.locator("#id_password").fill(PASSWORD)
+    page.locator("#login-form [type=submit]").click()
+    page.wait_for_url("**/dashboard/")
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    yield page
+    blocked = page.evaluate("() => window.__cspViolations")
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+    assert blocked == [], f"blocked by the Content-Security-Policy: {blocked}"
+
+
+def requests_shown(page: Page) -> int:
+    return int(page.evaluate("() => document.body.dataset.requests"))
+
+
+def histogram_sums(page: Page) -> tuple[int, int]:
+    """(browser-measured, server-measured) requests over every path's histogram."""
+    sums = page.evaluate(HISTOGRAM_SUMS).values()
+    return sum(s[0] for s in sums), sum(s[1] for s in sums)
+
+
+def path_of_next_chat(client: ChatClient) -> str:
+    events = client.ask("[scripted tokens=2] Which path answers?")
+    return next(e for e in events if e.event == "meta").json()["path"]
+
+
+def wait_for_path(client: ChatClient, expected: str, timeout: float = 6.0) -> None:
+    """New chats reach ``expected`` once the server has re-read the split (about a second), and
+    keep going there."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.append(path_of_next_chat(client))
+        if seen[-1] == expected:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"new chats never went to {expected!r}: {seen}")
+    assert [path_of_next_chat(client) for _ in range(3)] == [expected] * 3
+
+
+def apply_split(page: Page, *, mode: str, percent: str | None = None) -> None:
+    if percent is not None:
+        page.locator("#split-percent").fill(percent)
+    page.locator("#split-mode").select_option(mode)
+    page.locator("#split-save").click()
+    expect(page.locator("#split-status")).to_have_text(re.compile(r"^Saved at "))
+    expect(page.locator("#split-status")).to_have_class("ok")
+
+
+def test_new_chats_show_up_live_without_a_reload(
+    dashboard: Page,
+    chat_client: ChatClient,
+    open_chat: Callable[..., Page],
+    output_dir: Path,
+) -> None:
+    """Chats made elsewhere appear within seconds: counts, both histograms, the slowest list."""
+    page = dashboard
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.evaluate("() => { window.__sameDocument = true; }")
+    page.evaluate(
+        "() => { window.__chart = Chart.getChart(document.getElementById('histogram-direct')); }"
+    )
+    before = requests_shown(page)
+    browser_before, server_before = histogram_sums(page)
+
+    for _ in range(3):
+        assert path_of_next_chat(chat_client) in {"direct", "django"}
+    chat_page = open_chat()
+    answer = ask(chat_page, "[scripted tokens=12 ttft_ms=300 itl_ms=20] Why is the sky blue?")
+    wait_finished(answer)
+    request_id = answer.get_attribute("data-request-id")
+
+    page.wait_for_function(
+        "(n) => Number(document.body.dataset.requests) >= n", arg=before + 4, timeout=10_000
+    )
+    # The browser's own timings arrive with its report, just after the answer ends.
+    page.wait_for_function(
+        f"(n) => Object.values(({HISTOGRAM_SUMS})()).reduce((a, s) => a + s[0], 0) >= n",
+        arg=browser_before + 1,
+        timeout=10_000,
+    )
+    after = requests_shown(page)
+    browser_after, server_after = histogram_sums(page)
+    assert after == before + 4
+    assert server_after == server_before + 4
+    assert browser_after == browser_before + 1
+
+    # What is on screen adds up to the same count.
+    shown = [
+        int(page.locator(f"#path-{path} [data-stat=requests]").inner_text())
+        for path in ("direct", "django")
+    ]
+    assert sum(shown) == after
+    expect(page.locator("#path-direct [data-stat=server_p95]")).to_have_text(re.compile(r"ms$"))
+
+    # The slowest chat (300 ms to the first token) leads the waterfall, with both tracks drawn.
+    slowest = page.locator("#slowest .slow").first
+    expect(slowest).to_have_attribute("data-request-id", request_id)
+    expect(slowest.locator("[data-track=server] .seg")).to_have_count(5)
+    expect(slowest.locator("[data-track=client] .seg")).to_have_count(3)
+    first_token = slowest.locator("[data-track=server] .seg[data-stage=engine_first_token]")
+    assert first_token.evaluate("(el) => el.getBoundingClientRect().width") > 10
+
+    # Drawn in place: same document, same chart objects, no navigation.
+    assert page.evaluate("() => window.__sameDocument") is True
+    assert page.evaluate(
+        "() => Chart.getChart(document.getElementById('histogram-direct')) === window.__chart"
+    )
+    assert navigations == []
+
+    # Another window reopens the stream for that window; the same chats are in the last day.
+    with page.expect_request(re.compile(r"/dashboard/events\?window=24h$")):
+        page.locator("#window-24h").click()
+    expect(page.locator("#window-24h")).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#window-5m")).to_have_attribute("aria-pressed", "false")
+    page.wait_for_function("() => document.body.dataset.window === '24h'")
+    expect(page.locator("#generated-at")).to_contain_text("24 hours")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    assert requests_shown(page) == after
+    page.screenshot(path=output_dir / "dashboard.png", full_page=True)
+
+
+def test_the_split_form_decides_where_new_chats_go(
+    dashboard: Page, chat_client: ChatClient, staff_username: str
+) -> None:
+    """Forcing a path through the form sends new chats there, and the change is logged."""
+    page = dashboard
+    try:
+        apply_split(page, mode="force_baseline")
+        wait_for_path(chat_client, "direct")
+        expect(page.locator("#split-current")).to_have_attribute("data-mode", "force_baseline")
+
+        apply_split(page, mode="force_candidate", percent="25")
+        wait_for_path(chat_client, "django")
+        current = page.locator("#split-current")
+        expect(current).to_have_attribute("data-mode", "force_candidate")
+        expect(current).to_contain_text("Every new chat goes to the candidate (django)")
+        expect(current).to_contain_text(staff_username)
+        logged = page.locator("#breaker-events li[data-kind=split_changed]")
+        expect(logged.first).to_contain_text(staff_username)
+        # The chats it sent are counted on the candidate's path.
+        page.wait_for_function(
+            "() => Number(document.querySelector('#path-django [data-stat=requests]')"
+            ".textContent) >= 4",
+            timeout=10_000,
+        )
+        # Snapshots arriving since did not undo what the form shows.
+        expect(page.locator("#split-mode")).to_have_value("force_candidate")
+        expect(page.locator("#split-percent")).to_have_value("25")
+    finally:
+        apply_split(page, mode="auto", percent="0")
+
+
+def test_a_refused_change_shows_the_servers_reason(dashboard: Page) -> None:
+    """A change the server refuses (the session ended) says why and keeps what was typed."""
+    page = dashboard
+    page.context.clear_cookies(name="sessionid")
+    page.locator("#split-percent").fill("37.5")
+    page.locator("#split-mode").select_option("force_candidate")
+    page.locator("#split-save").click()
+
+    status = page.locator("#split-status")
+    expect(status).to_have_text(errors.LOGIN_REQUIRED.message)
+    expect(status).to_have_class("error")
+    page.wait_for_timeout(1500)  # a snapshot or two
+    expect(page.locator("#split-percent")).to_have_value("37.5")
+    expect(page.locator("#split-mode")).to_have_value("force_candidate")
+    expect(page.locator("#split-current")).to_have_attribute("data-mode", "auto")
