@@ -208,7 +208,7 @@ def main() -> None:
                         "CHATSITE_DEBUG": "0",
                         "DJANGO_SECRET_KEY": "benchmark-only-secret-key-0123456789abcdefghijkl",
                         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-                        "CHATSITE_SECURE_COOKIES": "0",
+                        "CHATSITE_TLS": "0",
                         "CHATSITE_SCRIPTED_TTFT_MS": str(int(args.ttft_ms)),
                         "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
                         "CHATSITE_SCRIPTED_ITL_MS": str(int(args.itl_ms)),

@@ -1,50 +1,56 @@
 """chatsite settings: one module, driven by the environment.
 
-Local defaults are safe for a laptop (DEBUG on, SQLite, in-memory channel layer, the embedded
-llama.cpp engine). A deployed instance sets CHATSITE_DEBUG=0 and must then provide a secret key
-and allowed hosts, or it refuses to start.
+Local defaults are safe for a laptop (DEBUG on, SQLite, in-memory channel layer and cache, the
+embedded llama.cpp engine). With CHATSITE_DEBUG=0 a secret key and allowed hosts are required;
+CHATSITE_PROFILE=production also requires PostgreSQL (DATABASE_URL) and Redis
+(CHATSITE_REDIS_URL). An unsafe configuration refuses to start, naming what is missing.
 """
 
-import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from chatsite.env import database_from_url, env_bool, env_int, env_list, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# "local" (the default: a laptop, a classroom server, the tests) or "production" (nginx in front
+# of several Daphne workers sharing PostgreSQL and Redis; see docs/deploy.md).
+PROFILE = env_str("CHATSITE_PROFILE", "local")
+if PROFILE not in {"local", "production"}:
+    raise ImproperlyConfigured(
+        f"CHATSITE_PROFILE must be 'local' or 'production', not {PROFILE!r}."
+    )
+DEBUG = env_bool("CHATSITE_DEBUG", PROFILE == "local")
 
-def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
-def env_list(name: str, default: str = "") -> list[str]:
-    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
-
-
-DEBUG = env_bool("CHATSITE_DEBUG", True)
-
-SECRET_KEY = env_str("DJANGO_SECRET_KEY")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when CHATSITE_DEBUG is off.")
-    SECRET_KEY = "insecure-local-development-key-never-used-when-debug-is-off"
-
+_DEV_SECRET_KEY = "insecure-local-development-key-never-used-when-debug-is-off"
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or (_DEV_SECRET_KEY if DEBUG else "")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]" if DEBUG else "")
-if not DEBUG and not ALLOWED_HOSTS:
-    raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS must be set when CHATSITE_DEBUG is off.")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+DATABASE_URL = env_str("DATABASE_URL")
+REDIS_URL = env_str("CHATSITE_REDIS_URL")
+
+
+def _unsafe() -> list[str]:
+    """What makes this configuration unfit to serve the public."""
+    problems = []
+    if PROFILE == "production" and DEBUG:
+        problems.append("CHATSITE_DEBUG must be off")
+    if not DEBUG:
+        if len(SECRET_KEY) < 40 or SECRET_KEY == _DEV_SECRET_KEY:
+            problems.append("DJANGO_SECRET_KEY must be set to a random value of 40+ characters")
+        if not ALLOWED_HOSTS or "*" in ALLOWED_HOSTS:
+            problems.append("DJANGO_ALLOWED_HOSTS must list this site's host names")
+    if PROFILE == "production":
+        if not DATABASE_URL:
+            problems.append("DATABASE_URL must point at PostgreSQL")
+        if not REDIS_URL:
+            problems.append("CHATSITE_REDIS_URL must point at Redis")
+    return problems
+
+
+if _unsafe():
+    raise ImproperlyConfigured("Refusing to start: " + "; ".join(_unsafe()) + ".")
 
 INSTALLED_APPS = [
     # daphne first: its runserver replaces Django's, so `manage.py runserver` serves ASGI.
@@ -102,19 +108,22 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "CONN_MAX_AGE": None,
-        "NAME": env_str("CHATSITE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
-        "OPTIONS": {
-            # Writers from several threads wait for each other instead of failing at once.
-            "timeout": 20,
-            "transaction_mode": "IMMEDIATE",
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "CONN_MAX_AGE": None,
+            "NAME": env_str("CHATSITE_SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "OPTIONS": {
+                # Writers from several threads wait for each other instead of failing at once.
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
     }
-}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Threads for database work from async code (assistant/db.py): reads on the path to the first
@@ -124,11 +133,27 @@ CHATSITE_DB_THREADS = {
     "write": env_int("CHATSITE_DB_WRITE_THREADS", 1),
 }
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
+# One process: in memory. Several workers: Redis, shared by all of them (sessions' cache, rate
+# limits, dashboard snapshots; the channel layer for anything that talks between workers).
+if REDIS_URL:
+    _redis_prefix = env_str("CHATSITE_REDIS_PREFIX", "chatsite")
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{_redis_prefix}:channels"},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": _redis_prefix,
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # Sessions are read on every chat request: from the cache first, the database when it misses.
-# The local-memory cache suits one process; the production profile points CACHES at Redis.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -139,9 +164,14 @@ LOGIN_URL = "admin:login"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-if not DEBUG:
-    SESSION_COOKIE_SECURE = env_bool("CHATSITE_SECURE_COOKIES", True)
-    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Behind TLS (nginx terminates it and says so in X-Forwarded-Proto): cookies only over HTTPS,
+# and browsers told to use nothing else. On by default whenever DEBUG is off.
+TLS = env_bool("CHATSITE_TLS", not DEBUG)
+if TLS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("CHATSITE_HSTS_SECONDS", 31_536_000)
+    SECURE_SSL_REDIRECT = env_bool("CHATSITE_SSL_REDIRECT", False)
 
 # No inline script anywhere: the pages load ES modules from /static/ only.
 SECURE_CSP = {

@@ -10,11 +10,17 @@ OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep the test database in a file, so Daphne processes under test share it."""
+    """Keep a SQLite test database in a file, so Daphne processes under test share it
+    (a PostgreSQL test database is shared anyway)."""
     from django.db import connections
 
-    path = tmp_path_factory.mktemp("db") / "test.sqlite3"
-    connections["default"].settings_dict["TEST"]["NAME"] = str(path)
+    settings = connections["default"].settings_dict
+    if settings["ENGINE"].endswith("sqlite3"):
+        settings["TEST"]["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+    else:
+        # The database threads (assistant.db) must not keep connections open in this process:
+        # PostgreSQL would refuse to drop the test database at the end.
+        settings["CONN_MAX_AGE"] = 0
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -65,8 +66,18 @@ class LiveServer:
             self.process.wait()
 
 
+def database_env(name: str) -> dict[str, str]:
+    """Settings that point a server process at the database ``name`` (the test database): the
+    same PostgreSQL server as DATABASE_URL when that is set, else a SQLite file."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return {"DATABASE_URL": urlunsplit(urlsplit(url)._replace(path="/" + name))}
+    return {"CHATSITE_SQLITE_PATH": name}
+
+
 def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = None) -> LiveServer:
-    """Start Daphne with chatsite on a free loopback port and wait until it serves."""
+    """Start Daphne with chatsite on a free loopback port and wait until it serves.
+    ``db_path`` names the database (see ``database_env``)."""
     port = free_port()
     events_file = workdir / f"engine-events-{port}.jsonl"
     log_file = workdir / f"daphne-{port}.log"
@@ -74,7 +85,7 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "chatsite.settings",
         "CHATSITE_ENGINE": "scripted",
-        "CHATSITE_SQLITE_PATH": db_path,
+        **database_env(db_path),
         "CHATSITE_SCRIPTED_EVENTS_FILE": str(events_file),
         "PYTHONUNBUFFERED": "1",
         **(env or {}),

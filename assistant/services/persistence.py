@@ -44,7 +44,14 @@ def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
     as with ``bulk_create``.
     """
     connection = connections[router.db_for_write(model)]
-    fields = [f for f in model._meta.concrete_fields if not f.generated]
+    auto = model._meta.auto_field
+    # An unset auto primary key is left to the database (SQLite would take NULL as "next",
+    # PostgreSQL refuses it).
+    fields = [
+        f
+        for f in model._meta.concrete_fields
+        if not f.generated and not (f is auto and all(obj.pk is None for obj in objs))
+    ]
     table = connection.ops.quote_name(model._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     placeholders = ", ".join(["%s"] * len(fields))
