@@ -171,7 +171,7 @@ async function plainResponse(response) {
   return { outcome: "done", text: typeof text === "string" ? text : "" };
 }
 
-function safeJSON(text) {
+export function safeJSON(text) {
   try {
     return JSON.parse(text);
   } catch {
