@@ -1,0 +1,651 @@
+"""deploy/nginx, served by the real nginx in front of real Daphne workers.
+
+Each site is rendered mechanically from the shipped files: the example workers, listen port,
+static root and access log are replaced by this run's, and nothing else changes unless a test
+says which directive it breaks on purpose.
+"""
+
+import gzip
+import itertools
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import (
+    ROOT,
+    ChatClient,
+    Event,
+    LiveServer,
+    RawResponse,
+    ThreadedCountingProxy,
+    free_port,
+    raw_post,
+    wait_for,
+)
+
+# The Daphne workers share the test database; each test leaves it empty.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NGINX_DIR = ROOT / "deploy" / "nginx"
+STATIC_DIR = ROOT / "frontend" / "static"
+SITE = "chatsite.conf"
+SPLIT_SITE = "chatsite-split.conf"
+SSE_SNIPPET = "snippets/chatsite-sse.conf"
+SERVER_SNIPPET = "snippets/chatsite-server.conf"
+PROXY_SNIPPET = "snippets/chatsite-proxy.conf"
+
+# What the shipped files use as examples, and so what a rendering replaces (each must occur).
+EXAMPLE_WORKERS = ("server 127.0.0.1:8001;", "server 127.0.0.1:8002;")
+EXAMPLE_LISTEN = ("listen 80;", "listen [::]:80;")
+EXAMPLE_STATIC_ROOT = "/srv/chatsite/staticfiles/"
+EXAMPLE_ACCESS_LOG = "/var/log/nginx/chatsite.access.log"
+
+# The smallest main configuration a site needs, everything nginx writes kept in the run's folder.
+MAIN_CONF = """\
+{user}daemon off;
+worker_processes 1;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{
+    worker_connections 512;
+}}
+http {{
+    types {{
+        text/html html;
+    }}
+    default_type application/octet-stream;
+    client_body_temp_path {work}/client_body;
+    proxy_temp_path {work}/proxy;
+    fastcgi_temp_path {work}/fastcgi;
+    uwsgi_temp_path {work}/uwsgi;
+    scgi_temp_path {work}/scgi;
+    include {site};
+}}
+"""
+
+Cookies = dict[str, str]
+# (file under deploy/nginx, text, replacement): a deliberate change to a shipped file.
+Edit = tuple[str, str, str]
+BUFFERED = (
+    SSE_SNIPPET,
+    "proxy_buffering off;",
+    "proxy_buffering on;\nproxy_ignore_headers X-Accel-Buffering;",
+)
+BUFFERING_ON = (SSE_SNIPPET, "proxy_buffering off;", "proxy_buffering on;")
+HTTP_10 = (PROXY_SNIPPET, "proxy_http_version 1.1;", "proxy_http_version 1.0;")
+STREAM_GZIPPED = [
+    (SSE_SNIPPET, "gzip off;", "gzip on;"),
+    (SERVER_SNIPPET, "gzip_types ", "gzip_types text/event-stream "),
+]
+
+
+@dataclass
+class NginxServer(LiveServer):
+    """nginx as a ``LiveServer``: ``ChatClient`` and ``raw_post`` work through it."""
+
+    access_log: Path = Path(os.devnull)
+
+    def access_lines(self) -> list[str]:
+        return self.access_log.read_text().splitlines() if self.access_log.exists() else []
+
+
+@pytest.fixture(scope="module")
+def nginx_binary() -> str:
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+    path = shutil.which("nginx", path=search)
+    if path is None:
+        pytest.fail("nginx is not installed: install Debian's nginx (scripts/setup --test does).")
+    return path
+
+
+def render(
+    work: Path, site: str, *, workers: Sequence[int], port: int, edits: Sequence[Edit] = ()
+) -> Path:
+    """Copy deploy/nginx into ``work`` for this run and wrap ``site`` in a main config."""
+    conf = work / "conf"
+    shutil.copytree(NGINX_DIR, conf)
+    a, b = workers
+    replacements = {
+        EXAMPLE_WORKERS[0]: f"server 127.0.0.1:{a};",
+        EXAMPLE_WORKERS[1]: f"server 127.0.0.1:{b};",
+        EXAMPLE_LISTEN[0]: f"listen 127.0.0.1:{port};",
+        EXAMPLE_LISTEN[1]: "",
+        EXAMPLE_STATIC_ROOT: f"{STATIC_DIR}/",
+        EXAMPLE_ACCESS_LOG: str(work / "access.log"),
+    }
+    files = [conf / site, *sorted((conf / "snippets").glob("*.conf"))]
+    texts = {path: path.read_text() for path in files}
+    for old, new in replacements.items():
+        assert any(old in text for text in texts.values()), f"{old!r} is no longer in {site}"
+        texts = {path: text.replace(old, new) for path, text in texts.items()}
+    for name, old, new in edits:
+        path = conf / name
+        assert texts[path].count(old) == 1, f"{old!r} is not in {name} exactly once"
+        texts[path] = texts[path].replace(old, new)
+    for path, text in texts.items():
+        path.write_text(text)
+    user = f"user {pwd.getpwuid(0).pw_name};\n" if os.geteuid() == 0 else ""
+    main = conf / "nginx.conf"
+    main.write_text(MAIN_CONF.format(user=user, work=work, site=conf / site))
+    return main
+
+
+def nginx_args(binary: str, main: Path) -> list[str]:
+    work = main.parent.parent
+    return [binary, "-p", f"{work}/", "-c", str(main), "-e", str(work / "error.log")]
+
+
+@pytest.fixture(scope="module")
+def nginx_factory(
+    nginx_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., NginxServer]]:
+    servers: list[NginxServer] = []
+
+    def start(site: str, workers: Sequence[int], edits: Sequence[Edit] = ()) -> NginxServer:
+        work = tmp_path_factory.mktemp("nginx")
+        port = free_port()
+        main = render(work, site, workers=workers, port=port, edits=edits)
+        process = subprocess.Popen(
+            nginx_args(nginx_binary, main), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        server = NginxServer(
+            f"http://127.0.0.1:{port}",
+            port,
+            process,
+            events_file=work / "no-engine-here.jsonl",
+            log_file=work / "error.log",
+            access_log=work / "access.log",
+        )
+        servers.append(server)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"nginx exited with {process.returncode}:\n{server.log()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return server
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"nginx did not start:\n{server.log()}")
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def workers(daphne: LiveServer, daphne_factory: Callable[..., LiveServer]) -> list[LiveServer]:
+    """Two Daphne workers with the scripted engine, as the upstream's two servers."""
+    return [daphne, daphne_factory()]
+
+
+@pytest.fixture(scope="module")
+def site(nginx_factory, workers: list[LiveServer]) -> NginxServer:
+    return nginx_factory(SITE, [w.port for w in workers])
+
+
+@pytest.fixture(scope="module")
+def visitor(daphne: LiveServer) -> Cookies:
+    """A session and CSRF token, as the page hands them out (valid on every worker)."""
+    client = ChatClient(daphne)
+    try:
+        return client.cookies()
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def figures(output_dir: Path) -> Iterator[dict[str, Any]]:
+    """Measurements, written to test-output/nginx.json after the module."""
+    found: dict[str, Any] = {}
+    yield found
+    (output_dir / "nginx.json").write_text(json.dumps(found, indent=2) + "\n")
+
+
+def page_visit(port: int) -> Cookies:
+    """The cookies a first visit to the page sets: a new session and a CSRF token."""
+    response = raw_post(port, b"", method="GET", path="/")
+    try:
+        assert response.status == 200
+        jar: SimpleCookie = SimpleCookie()
+        for name, value in response.headers:
+            if name == "set-cookie":
+                jar.load(value)
+        return {name: morsel.value for name, morsel in jar.items()}
+    finally:
+        response.sock.close()
+
+
+def post_chat(
+    port: int,
+    cookies: Cookies,
+    message: str,
+    *,
+    path: str = "/api/chat/stream",
+    headers: dict[str, str] | None = None,
+) -> RawResponse:
+    body = json.dumps({"message": message, "conversation": None}).encode()
+    all_headers = {
+        "Content-Type": "application/json",
+        "X-CSRFToken": cookies["csrftoken"],
+        **(headers or {}),
+    }
+    return raw_post(port, body, cookies=cookies, headers=all_headers, path=path)
+
+
+def answer(port: int, cookies: Cookies, message: str, **kwargs: Any) -> tuple[float, list[Event]]:
+    """When the request was sent, and every event of its answer stamped with its arrival."""
+    sent = time.monotonic()
+    response = post_chat(port, cookies, message, **kwargs)
+    try:
+        assert response.status == 200, (response.status, response.body())
+        return sent, list(response.events())
+    finally:
+        response.sock.close()
+
+
+def tokens_of(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.event == "token"]
+
+
+def meta_of(events: list[Event]) -> dict[str, Any]:
+    assert events[0].event == "meta", events
+    return events[0].json()
+
+
+def first_token_ms(port: int, cookies: Cookies, message: str) -> float:
+    sent, events = answer(port, cookies, message)
+    assert events[-1].event == "done", events
+    return (tokens_of(events)[0].at - sent) * 1000
+
+
+def arrival_gaps_ms(port: int, cookies: Cookies, message: str) -> tuple[float, list[float]]:
+    """Time to the first token and the gaps between token arrivals, in milliseconds."""
+    sent, events = answer(port, cookies, message)
+    stamps = [e.at for e in tokens_of(events)]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+    return (stamps[0] - sent) * 1000, gaps
+
+
+def logged(server: NginxServer, needle: str) -> str:
+    """The access log line containing ``needle`` (nginx writes it when the response ends)."""
+    return wait_for(lambda: next((line for line in server.access_lines() if needle in line), ""))
+
+
+# --- the configuration itself ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("site_file", [SITE, SPLIT_SITE])
+def test_nginx_accepts_shipped_configs(nginx_binary: str, tmp_path: Path, site_file: str) -> None:
+    """`nginx -t` passes on each shipped site with its snippets, without a single warning."""
+    main = render(tmp_path, site_file, workers=[free_port(), free_port()], port=free_port())
+    result = subprocess.run(
+        [*nginx_args(nginx_binary, main), "-t"], capture_output=True, text=True, timeout=30
+    )
+    output = result.stdout + result.stderr + (tmp_path / "error.log").read_text()
+    assert result.returncode == 0, output
+    assert "test is successful" in output
+    assert "[warn]" not in output and "[emerg]" not in output, output
+
+
+def test_sse_directives_live_in_one_snippet() -> None:
+    """Every event-stream location includes the one SSE snippet and repeats none of it."""
+    sse = (NGINX_DIR / SSE_SNIPPET).read_text()
+    for directive in ("proxy_buffering off;", "gzip off;", "proxy_read_timeout"):
+        assert directive in sse
+    for path in [*NGINX_DIR.glob("*.conf"), *(NGINX_DIR / "snippets").glob("*.conf")]:
+        text = re.sub(r"#.*", "", path.read_text())
+        if path.name != "chatsite-sse.conf":
+            assert "proxy_buffering" not in text and "proxy_read_timeout" not in text, path
+        assert "text/event-stream" not in text, f"{path.name} lists text/event-stream"
+        for location in re.findall(r"location\s+([^{]+)\{([^}]*)\}", text):
+            route, body = location
+            if "/api/chat/stream" in route or "/dashboard/events" in route or "@" in route:
+                assert "include snippets/chatsite-sse.conf;" in body, (path.name, route)
+
+
+# --- streaming through nginx ----------------------------------------------------------------
+
+
+def test_first_token_as_fast_as_direct(
+    site: NginxServer, daphne: LiveServer, visitor: Cookies, figures: dict[str, Any]
+) -> None:
+    """Through nginx the first token arrives within 5 ms of the direct path's (medians of 21
+    requests each, interleaved, measured by the client from sending to the first token)."""
+    message = "[scripted tokens=3 ttft_ms=50 itl_ms=5] What is photosynthesis?"
+    first_token_ms(site.port, visitor, message)  # opens nginx's keepalive connections
+    direct, proxied = [], []
+    for _ in range(21):
+        direct.append(first_token_ms(daphne.port, visitor, message))
+        proxied.append(first_token_ms(site.port, visitor, message))
+    figures["ttft_ms_median"] = {
+        "direct": round(statistics.median(direct), 2),
+        "nginx": round(statistics.median(proxied), 2),
+    }
+    assert statistics.median(proxied) - statistics.median(direct) < 5, figures
+
+
+def test_worker_connections_are_reused(nginx_factory, daphne: LiveServer, visitor: Cookies) -> None:
+    """Ten answers in a row through nginx open one connection to the worker (upstream
+    keepalive), not one each."""
+    with ThreadedCountingProxy(daphne.port) as relay:
+        site = nginx_factory(SITE, [relay.port, relay.port])
+        for _ in range(10):
+            answer(site.port, visitor, "[scripted tokens=1 ttft_ms=0] Again?")
+        assert relay.accepted == 1
+
+
+def test_tokens_arrive_as_the_server_sends_them(
+    site: NginxServer, daphne: LiveServer, visitor: Cookies, figures: dict[str, Any]
+) -> None:
+    """Ten tokens 50 ms apart arrive 50 ms apart through nginx, as they do directly."""
+    message = "[scripted tokens=10 ttft_ms=20 itl_ms=50] Spread out"
+    _, direct = arrival_gaps_ms(daphne.port, visitor, message)
+    _, proxied = arrival_gaps_ms(site.port, visitor, message)
+    figures["gap_ms_median"] = {
+        "direct": round(statistics.median(direct), 2),
+        "nginx": round(statistics.median(proxied), 2),
+    }
+    assert len(proxied) == 9
+    assert min(proxied) > 25, proxied
+    assert abs(statistics.median(proxied) - statistics.median(direct)) < 10, (direct, proxied)
+
+
+@pytest.mark.parametrize(
+    ("edits", "burst"),
+    [
+        pytest.param([BUFFERED, HTTP_10], True, id="buffered-http1.0"),
+        pytest.param([BUFFERED], False, id="buffered-http1.1"),
+        pytest.param([BUFFERING_ON, HTTP_10], False, id="app-header-honoured-http1.0"),
+    ],
+)
+def test_what_holds_the_stream_back(
+    nginx_factory,
+    workers: list[LiveServer],
+    visitor: Cookies,
+    figures: dict[str, Any],
+    edits: list[Edit],
+    burst: bool,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Ten tokens 50 ms apart arrive in one burst at the end only when nginx buffers the response
+    (proxy_buffering on, the app's X-Accel-Buffering ignored) and also cannot see where the app's
+    writes end (an HTTP/1.0 upstream connection, nginx's default: no chunks). Over HTTP/1.1 nginx
+    passes each complete chunk on even while buffering, and the app's header alone turns
+    buffering off."""
+    variant = nginx_factory(SITE, [w.port for w in workers], edits=edits)
+    ttft, gaps = arrival_gaps_ms(
+        variant.port, visitor, "[scripted tokens=10 ttft_ms=20 itl_ms=50] Hi"
+    )
+    figures.setdefault("variants", {})[request.node.callspec.id] = {
+        "ttft_ms": round(ttft, 2),
+        "span_ms": round(sum(gaps), 2),
+    }
+    if burst:
+        assert ttft > 400 and sum(gaps) < 20, (ttft, gaps)
+    else:
+        assert ttft < 200 and min(gaps) > 25, (ttft, gaps)
+
+
+def test_leaving_mid_answer_stops_the_engine(
+    site: NginxServer, workers: list[LiveServer], visitor: Cookies
+) -> None:
+    """A student who leaves mid-answer through nginx stops the engine within a second: nginx
+    closes the worker's connection when the browser's closes."""
+    tag = f"leave-{uuid.uuid4().hex[:8]}"
+    response = post_chat(site.port, visitor, f"[scripted tokens=500 itl_ms=20 tag={tag}] Long")
+    assert next(e for e in response.events() if e.event == "token")
+    left = time.monotonic()
+    response.sock.close()
+
+    def cancelled() -> dict[str, Any] | None:
+        rows = [row for worker in workers for row in worker.engine_events(tag)]
+        return next((row for row in rows if row["event"] == "cancel"), None)
+
+    assert wait_for(cancelled)["t"] - left < 1.0
+
+
+def test_event_stream_is_never_compressed(site: NginxServer, visitor: Cookies) -> None:
+    """A client that accepts gzip gets the event stream uncompressed, tokens intact."""
+    response = post_chat(
+        site.port,
+        visitor,
+        "[scripted tokens=5 ttft_ms=0 itl_ms=0] Zip?",
+        headers={"Accept-Encoding": "gzip, deflate, br"},
+    )
+    try:
+        assert response.status == 200
+        assert response.header("content-type") == "text/event-stream; charset=utf-8"
+        assert response.header("content-encoding") is None
+        assert response.header("x-accel-buffering") is None
+        assert len(tokens_of(list(response.events()))) == 5
+    finally:
+        response.sock.close()
+
+
+def test_gzip_would_compress_the_stream_despite_proxy_buffering_off(
+    nginx_factory, workers: list[LiveServer], visitor: Cookies
+) -> None:
+    """proxy_buffering off and the app's Cache-Control: no-transform do not stop nginx's gzip:
+    without `gzip off` and with the type listed, the stream comes compressed."""
+    zipped = nginx_factory(SITE, [w.port for w in workers], edits=STREAM_GZIPPED)
+    response = post_chat(
+        zipped.port,
+        visitor,
+        "[scripted tokens=5 ttft_ms=0 itl_ms=0] Zip?",
+        headers={"Accept-Encoding": "gzip"},
+    )
+    try:
+        assert response.header("content-encoding") == "gzip"
+        assert b"event: done" in gzip.decompress(response.body())
+    finally:
+        response.sock.close()
+
+
+def test_static_files_served_by_nginx(site: NginxServer) -> None:
+    """Static files come from disk with JavaScript types (.mjs too), a short cache lifetime,
+    nosniff once, and gzip for a client that accepts it."""
+    for path in sorted(STATIC_DIR.rglob("*")):
+        if path.suffix not in {".js", ".mjs", ".css"}:
+            continue
+        url = "/static/" + path.relative_to(STATIC_DIR).as_posix()
+        response = raw_post(site.port, b"", method="GET", path=url)
+        try:
+            assert response.status == 200, url
+            expected = "text/css" if path.suffix == ".css" else "text/javascript"
+            assert response.header("content-type") == expected, url
+            assert response.header("cache-control") == "max-age=300", url
+            assert response.header_count("x-content-type-options") == 1, url
+            # The app's middleware would have added its own headers; nginx answered alone.
+            assert response.header("referrer-policy") is None, url
+            assert response.body() == path.read_bytes(), url
+        finally:
+            response.sock.close()
+    big = STATIC_DIR / "vendor" / "marked" / "marked.esm.js"
+    response = raw_post(
+        site.port,
+        b"",
+        method="GET",
+        path="/static/vendor/marked/marked.esm.js",
+        headers={"Accept-Encoding": "gzip"},
+    )
+    try:
+        assert response.header("content-encoding") == "gzip"
+        assert response.header("vary") == "Accept-Encoding"
+        assert gzip.decompress(response.body()) == big.read_bytes()
+    finally:
+        response.sock.close()
+
+
+def test_app_security_headers_are_not_doubled(site: NginxServer) -> None:
+    """The page through nginx carries each security header the app sends exactly once, and
+    nginx does not announce its version."""
+    response = raw_post(site.port, b"", method="GET", path="/")
+    try:
+        assert response.status == 200
+        for name in (
+            "x-content-type-options",
+            "x-frame-options",
+            "referrer-policy",
+            "content-security-policy",
+            "cross-origin-opener-policy",
+        ):
+            assert response.header_count(name) == 1, name
+        assert response.header("server") == "nginx"
+        assert response.header_count("strict-transport-security") == 0
+    finally:
+        response.sock.close()
+
+
+def test_request_id_joins_page_nginx_and_app(site: NginxServer, visitor: Cookies) -> None:
+    """The page's own X-Request-Id reaches the app; without one, the app uses nginx's
+    $request_id, the one in nginx's access log."""
+    message = "[scripted tokens=1 ttft_ms=0] Which id?"
+    _, events = answer(site.port, visitor, message, headers={"X-Request-Id": "page-made-id-0001"})
+    assert meta_of(events)["request_id"] == "page-made-id-0001"
+    assert logged(site, "rid=page-made-id-0001 ")
+    _, events = answer(site.port, visitor, message)
+    request_id = meta_of(events)["request_id"]
+    line = logged(site, f"rid={request_id} ")
+    assert '"POST /api/chat/stream HTTP/1.1" 200' in line
+
+
+def test_browser_origin_passes_csrf_through_nginx(site: NginxServer, visitor: Cookies) -> None:
+    """A same-origin POST from the page (Origin with nginx's port) passes the app's CSRF check:
+    nginx hands on the Host header with its port."""
+    _, events = answer(
+        site.port,
+        visitor,
+        "[scripted tokens=1 ttft_ms=0] Origin?",
+        headers={"Origin": site.url},
+    )
+    assert events[-1].event == "done"
+
+
+def test_request_body_limits(site: NginxServer, visitor: Cookies) -> None:
+    """A 40 KiB body reaches the app, which refuses it with its JSON 413; 100 KiB never leaves
+    nginx."""
+    for size, from_app in ((40 * 1024, True), (100 * 1024, False)):
+        body = json.dumps({"message": "x" * size, "conversation": None}).encode()
+        response = raw_post(
+            site.port,
+            body,
+            cookies=visitor,
+            headers={"Content-Type": "application/json", "X-CSRFToken": visitor["csrftoken"]},
+        )
+        try:
+            assert response.status == 413
+            content = response.body()
+            if from_app:
+                assert json.loads(content)["error"]["code"] == "body_too_large"
+            else:
+                assert b"<html>" in content
+        finally:
+            response.sock.close()
+
+
+def test_metrics_only_for_this_host(site: NginxServer) -> None:
+    """/metrics through nginx answers loopback (127.0.0.1) and refuses any other address."""
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2")) as other:
+        assert other.get(site.url + "/metrics").status_code == 403
+    with httpx.Client() as local:
+        response = local.get(site.url + "/metrics")
+    assert response.status_code == 200
+    assert "ai_ttft_seconds" in response.text
+
+
+# --- splitting at nginx (chatsite-split.conf) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def split_site(nginx_factory, workers: list[LiveServer]) -> NginxServer:
+    return nginx_factory(SPLIT_SITE, [w.port for w in workers])
+
+
+def visitor_path(server: NginxServer) -> tuple[Cookies, str]:
+    """A new session (from the page, through nginx) and the path both its answers took."""
+    cookies = page_visit(server.port)
+    message = "[scripted tokens=1 ttft_ms=0] Which path?"
+    paths = {meta_of(answer(server.port, cookies, message)[1])["path"] for _ in range(2)}
+    assert len(paths) == 1, f"session {cookies['sessionid']} went to {paths}"
+    return cookies, paths.pop()
+
+
+def test_split_share_and_stickiness(split_site: NginxServer, figures: dict[str, Any]) -> None:
+    """Sessions go to the candidate in about the configured 10 % share, each session always to
+    the same path."""
+    with ThreadPoolExecutor(4) as pool:
+        paths = [path for _, path in pool.map(lambda _: visitor_path(split_site), range(200))]
+    share = paths.count("django") / len(paths)
+    figures["split_candidate_share"] = share
+    assert 0.03 <= share <= 0.2, share
+
+
+def test_split_without_session_takes_baseline(split_site: NginxServer, visitor: Cookies) -> None:
+    """A request without a session cookie goes to the baseline path."""
+    body = json.dumps({"message": "[scripted tokens=1 ttft_ms=0] Anyone?", "conversation": None})
+    cookies = {"csrftoken": visitor["csrftoken"]}
+    headers = {"Content-Type": "application/json", "X-CSRFToken": visitor["csrftoken"]}
+    response = raw_post(split_site.port, body.encode(), cookies=cookies, headers=headers)
+    try:
+        assert response.status == 200
+        assert meta_of(list(response.events()))["path"] == "direct"
+    finally:
+        response.sock.close()
+
+
+@pytest.fixture(scope="module")
+def candidate_visitor(split_site: NginxServer) -> Cookies:
+    """A session the split sends to the candidate."""
+    for _ in range(100):
+        cookies, path = visitor_path(split_site)
+        if path == "django":
+            return cookies
+    pytest.fail("no session went to the candidate in 100 tries")
+
+
+def test_candidate_failure_before_answer_falls_back_to_baseline(
+    nginx_factory, daphne_factory, candidate_visitor: Cookies
+) -> None:
+    """When the candidate answers 503 before its stream starts, nginx sends the same request,
+    body included, to the baseline, and the student gets a whole answer."""
+    broken = daphne_factory(CHATSITE_DJANGO_ENGINE_ALIAS="not-configured")
+    message = "[scripted tokens=4 ttft_ms=0] Still there?"
+    refused = post_chat(broken.port, candidate_visitor, message, path="/api/chat/stream/django")
+    assert refused.status == 503, refused.body()
+    refused.sock.close()
+
+    site = nginx_factory(SPLIT_SITE, [broken.port, broken.port])
+    _, events = answer(site.port, candidate_visitor, message)
+    assert meta_of(events)["path"] == "direct"
+    assert len(tokens_of(events)) == 4 and events[-1].event == "done"
+    assert "us=503 : 200" in logged(site, "POST /api/chat/stream ")
+
+
+def test_candidate_failure_mid_answer_is_not_retried(
+    split_site: NginxServer, candidate_visitor: Cookies
+) -> None:
+    """A candidate stream that fails after its first tokens ends with its error event; nginx
+    cannot retry a response that has started."""
+    _, events = answer(
+        split_site.port, candidate_visitor, "[scripted tokens=5 ttft_ms=0 fail_after=2] Half?"
+    )
+    assert meta_of(events)["path"] == "django"
+    assert len(tokens_of(events)) == 2
+    assert events[-1].event == "error"
