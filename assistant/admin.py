@@ -46,7 +46,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(StreamRecord)
 class StreamRecordAdmin(ReadOnlyAdmin):
-
     list_display = (
         "request_id",
         "created_at",

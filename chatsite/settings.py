@@ -235,7 +235,7 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
             "N_THREADS": env_int(f"{prefix}LLAMACPP_THREADS", 0),
             "N_CTX": env_int(f"{prefix}LLAMACPP_N_CTX", 2048),
             # vllm (OpenAI-compatible HTTP) and vllm-inprocess
-            "BASE_URL": env_str(f"{prefix}VLLM_URL", "http://127.0.0.1:8000/v1"),
+            "BASE_URL": env_str(f"{prefix}VLLM_URL", "http://127.0.0.1:8100/v1"),
             "MODEL": env_str(f"{prefix}VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"),
             "API_KEY": env_str(f"{prefix}VLLM_API_KEY"),
             # scripted

@@ -28,7 +28,7 @@ class OpenAIHTTPEngine(BaseEngine):
 
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         super().__init__(alias, options)
-        self.base_url = str(options.get("BASE_URL") or "http://127.0.0.1:8000/v1").rstrip("/")
+        self.base_url = str(options.get("BASE_URL") or "http://127.0.0.1:8100/v1").rstrip("/")
         self.model = str(options.get("MODEL") or "")
         self.api_key = str(options.get("API_KEY") or "")
         self.connect_timeout = float(options.get("CONNECT_TIMEOUT", 5.0))
