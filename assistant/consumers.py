@@ -23,13 +23,9 @@ from django.conf import settings
 from assistant import errors, http
 from assistant.errors import Rejected
 from assistant.services.chat_request import request_id_choose
+from assistant.services.frames import Heartbeat, ping_interval, server_error_frame
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import (
-    Heartbeat,
-    chat_stream_body,
-    ping_interval,
-    server_error_frame,
-)
+from assistant.services.streaming import chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
 
 logger = logging.getLogger(__name__)
@@ -117,7 +113,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
                 timings=self.timings,
             )
         except Rejected as rejected:
-            await self.send_error(rejected.error)
+            await self.send_error(rejected.error, rejected.headers())
             return
 
         self.response_started = True

@@ -21,11 +21,18 @@ class ApiError:
 
 
 class Rejected(Exception):
-    """A request refused for a reason the client can fix; ``error`` says which, and its status."""
+    """A request refused for a reason the client can fix; ``error`` says which, and its status.
+    ``retry_after`` (seconds) becomes a Retry-After header."""
 
-    def __init__(self, error: ApiError) -> None:
+    def __init__(self, error: ApiError, *, retry_after: int | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.retry_after = retry_after
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self.retry_after is None:
+            return []
+        return [(b"retry-after", str(self.retry_after).encode("ascii"))]
 
 
 METHOD_NOT_ALLOWED = ApiError(405, "method_not_allowed", "Use POST to start a chat stream.")
@@ -52,6 +59,17 @@ BEACON_UNKNOWN = ApiError(404, "beacon_unknown", "No such request.")
 BEACON_NOT_YOURS = ApiError(403, "beacon_not_yours", "That request belongs to another session.")
 BEACON_DUPLICATE = ApiError(409, "beacon_duplicate", "That request was reported already.")
 RATE_LIMITED = ApiError(429, "rate_limited", "Too many requests. Please wait a moment.")
+STREAM_ACTIVE = ApiError(
+    429,
+    "stream_active",
+    "An answer is still coming in another tab or window. Wait for it, or stop it, first.",
+)
+ENGINE_BUSY = ApiError(
+    503, "engine_busy", "Many students are asking right now. Please try again in a few seconds."
+)
+ENGINE_TIMEOUT = ApiError(
+    504, "engine_timeout", "The model took too long to answer. Please try again."
+)
 SPLIT_INVALID = ApiError(400, "split_invalid", "The split setting is not valid.")
 WINDOW_INVALID = ApiError(400, "window_invalid", "The window must be one of 5m, 1h or 24h.")
 STAFF_ONLY = ApiError(403, "staff_only", "Only staff can see the dashboard.")

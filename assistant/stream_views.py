@@ -12,8 +12,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from assistant import errors, http
 from assistant.errors import Rejected
 from assistant.services.chat_request import request_id_choose
+from assistant.services.frames import frames_with_pings, ping_interval
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import chat_stream_body, frames_with_pings, ping_interval
+from assistant.services.streaming import chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
 
 PATH_NAME = "django"
@@ -49,7 +50,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
             timings=timings,
         )
     except Rejected as rejected:
-        return api_error(rejected.error)
+        return api_error(rejected.error, rejected.headers())
     response = StreamingHttpResponse(
         frames_with_pings(chat_stream_body(stream), ping_interval()), status=200
     )

@@ -242,6 +242,8 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
             "TTFT_MS": env_int(f"{prefix}SCRIPTED_TTFT_MS", 50),
             "ITL_MS": env_int(f"{prefix}SCRIPTED_ITL_MS", 20),
             "TOKENS": env_int(f"{prefix}SCRIPTED_TOKENS", 20),
+            # Streams one process runs on this engine at once; more get 503 at once (0: no cap).
+            "MAX_STREAMS": env_int(f"{prefix}MAX_STREAMS", 256),
         },
     }
 
@@ -291,6 +293,7 @@ CHATSITE_BREAKER = {
 # (requests, seconds) per session or user.
 CHATSITE_RATE_LIMITS = {
     "beacon": (env_int("CHATSITE_BEACON_RATE", 120), 60),
+    "chat": (env_int("CHATSITE_CHAT_RATE", 30), 60),
 }
 
 CHATSITE_STREAM = {
@@ -300,6 +303,11 @@ CHATSITE_STREAM = {
     "MAX_BODY_BYTES": env_int("CHATSITE_MAX_BODY_BYTES", 32 * 1024),
     "MAX_TOKENS": env_int("CHATSITE_MAX_TOKENS", 512),
     "HISTORY_MESSAGES": env_int("CHATSITE_HISTORY_MESSAGES", 12),
+    # Answers one session (or user) may have streaming at once; 0 for no limit.
+    "STREAMS_PER_SESSION": env_int("CHATSITE_STREAMS_PER_SESSION", 1),
+    # Seconds the engine may take to its first token, and between two tokens.
+    "FIRST_TOKEN_TIMEOUT": float(env_str("CHATSITE_FIRST_TOKEN_TIMEOUT", "60")),
+    "TOKEN_TIMEOUT": float(env_str("CHATSITE_TOKEN_TIMEOUT", "30")),
     "TEMPERATURE": float(env_str("CHATSITE_TEMPERATURE", "0.7")),
     "SYSTEM_PROMPT": env_str(
         "CHATSITE_SYSTEM_PROMPT",

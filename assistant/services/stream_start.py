@@ -8,7 +8,7 @@ import logging
 
 from assistant import errors
 from assistant.db import run_db
-from assistant.engines import EngineUnavailable, get_engine
+from assistant.engines import EngineBusy, EngineUnavailable, get_engine
 from assistant.errors import Rejected
 from assistant.services import background
 from assistant.services.chat_request import chat_turn_parse
@@ -20,6 +20,10 @@ from assistant.services.telemetry import refused_record, stream_refused
 from assistant.services.timings import StreamTimings
 
 logger = logging.getLogger(__name__)
+
+#: What a refused request is told to wait: a full engine frees up fast, a broken one does not.
+BUSY_RETRY_AFTER_S = 2
+UNAVAILABLE_RETRY_AFTER_S = 10
 
 
 async def chat_stream_start(
@@ -64,7 +68,9 @@ async def chat_stream_start(
             ),
             name=f"refused:{request_id}",
         )
-        raise Rejected(errors.ENGINE_UNAVAILABLE) from None
+        if isinstance(exc, EngineBusy):
+            raise Rejected(errors.ENGINE_BUSY, retry_after=BUSY_RETRY_AFTER_S) from None
+        raise Rejected(errors.ENGINE_UNAVAILABLE, retry_after=UNAVAILABLE_RETRY_AFTER_S) from None
 
 
 async def _refused_persist(

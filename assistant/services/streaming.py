@@ -15,18 +15,27 @@ The order of work is the product:
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
 from assistant import errors, sse
 from assistant.db import run_db
-from assistant.engines import BaseEngine, ChatMessage, Delta, EngineError, GenerationParams
+from assistant.engines import (
+    BaseEngine,
+    ChatMessage,
+    Delta,
+    EngineError,
+    EngineTimeout,
+    GenerationParams,
+)
 from assistant.errors import Rejected
 from assistant.models import Message
 from assistant.services import background
+from assistant.services.admission import chat_admit, chat_release
 from assistant.services.chat_request import ChatTurn
 from assistant.services.conversations import (
     ConversationNotFound,
@@ -35,6 +44,7 @@ from assistant.services.conversations import (
     conversation_history,
     question_rows,
 )
+from assistant.services.frames import error_frame, queue_frame, server_error_frame
 from assistant.services.identity import Identity, identity_resolve
 from assistant.services.persistence import rows_store
 from assistant.services.telemetry import stream_observe, stream_record, stream_started
@@ -85,10 +95,16 @@ class ChatStream:
         try:
             await _engine_stop(self.pending, self.deltas)
         finally:
+            self.engine.release()
             self.timings.finished = self.timings.finished or now()
             stream_observe(self)
             self.save_question()
-            background.spawn(_answer_persist(self), name=f"answer:{self.exchange.request_id}")
+            request_id = self.exchange.request_id
+            background.spawn(_answer_persist(self), name=f"answer:{request_id}")
+            background.spawn(
+                run_db(chat_release, owner_key=self.identity.owner_key, request_id=request_id),
+                name=f"release:{request_id}",
+            )
 
 
 async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
@@ -105,16 +121,46 @@ def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
     return [*head, *history, ChatMessage(role="user", content=question)]
 
 
-def _identity_and_history(
-    session_key: str | None, conversation_id: uuid.UUID
-) -> tuple[Identity, list[ChatMessage]]:
+def _identity_admitted(session_key: str | None, request_id: str) -> Identity:
+    """Who is asking, if their limits allow another stream (else ``Rejected``, 429)."""
     identity = identity_resolve(session_key)
-    history = conversation_history(
+    chat_admit(owner_key=identity.owner_key, request_id=request_id)
+    return identity
+
+
+def _identity_and_history(
+    session_key: str | None, conversation_id: uuid.UUID, request_id: str
+) -> tuple[Identity, list[ChatMessage]]:
+    identity = _identity_admitted(session_key, request_id)
+    try:
+        history = _history(identity, conversation_id)
+    except BaseException:
+        chat_release(owner_key=identity.owner_key, request_id=request_id)
+        raise
+    return identity, history
+
+
+def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
+    return conversation_history(
         owner_key=identity.owner_key,
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
     )
-    return identity, history
+
+
+def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
+    """The request is gone before its stream started: give back the stream slot that the
+    identity lookup (still running on its thread, perhaps) takes, once it has."""
+
+    async def release() -> None:
+        try:
+            result = await found
+        except BaseException:
+            return  # refused or failed: it took no slot
+        identity = result[0] if isinstance(result, tuple) else result
+        await run_db(chat_release, owner_key=identity.owner_key, request_id=request_id)
+
+    background.spawn(release(), name=f"release:{request_id}")
 
 
 async def chat_stream_open(
@@ -126,30 +172,46 @@ async def chat_stream_open(
     request_id: str,
     timings: StreamTimings,
 ) -> ChatStream:
-    """Start the engine on ``turn`` and resolve who is asking. Close the result when done."""
+    """Start the engine on ``turn`` and resolve who is asking. Close the result when done.
+
+    Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the student's own limits
+    refuse another stream or the conversation is not theirs.
+    """
     config = settings.CHATSITE_STREAM
     params = GenerationParams(max_tokens=config["MAX_TOKENS"], temperature=config["TEMPERATURE"])
     timings.parsed = now()
     pending: asyncio.Future[Delta] | None = None
-    if turn.conversation_id is None:
-        identity_found = asyncio.ensure_future(run_db(identity_resolve, session_key))
-        deltas = engine.stream(_messages(turn.message, []), params)
-        timings.engine_submitted = now()
-        pending = asyncio.ensure_future(anext(deltas))
-        try:
-            identity = await identity_found
-        except BaseException:
-            await _engine_stop(pending, deltas)
-            raise
-    else:
-        try:
-            identity, history = await run_db(
-                _identity_and_history, session_key, turn.conversation_id
+    engine.admit()
+    try:
+        if turn.conversation_id is None:
+            identity_found = asyncio.ensure_future(
+                run_db(_identity_admitted, session_key, request_id)
             )
-        except ConversationNotFound:
-            raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
-        deltas = engine.stream(_messages(turn.message, history), params)
-        timings.engine_submitted = now()
+            deltas = engine.stream(_messages(turn.message, []), params)
+            timings.engine_submitted = now()
+            pending = asyncio.ensure_future(anext(deltas))
+            try:
+                identity = await identity_found
+            except BaseException:
+                _release_once_known(identity_found, request_id)
+                await _engine_stop(pending, deltas)
+                raise
+        else:
+            found = asyncio.ensure_future(
+                run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
+            )
+            try:
+                identity, history = await found
+            except ConversationNotFound:
+                raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
+            except BaseException:
+                _release_once_known(found, request_id)
+                raise
+            deltas = engine.stream(_messages(turn.message, history), params)
+            timings.engine_submitted = now()
+    except BaseException:
+        engine.release()
+        raise
     stream_started(path=path, engine=engine.name)
     exchange = Exchange(
         conversation_id=turn.conversation_id or uuid.uuid4(),
@@ -185,48 +247,6 @@ def meta_frame(stream: ChatStream) -> bytes:
     )
 
 
-def error_frame(code: str, message: str) -> bytes:
-    return sse.encode_json_event({"code": code, "message": message}, event="error")
-
-
-def server_error_frame() -> bytes:
-    """The last frame of a stream the server itself broke."""
-    return error_frame("server_error", "The server failed while answering.")
-
-
-class Heartbeat:
-    """Sends ``: ping`` whenever nothing was sent for ``interval`` seconds.
-
-    One timer per stream, which wakes only when the stream has been silent; the per-frame cost
-    is one clock read (``beat``). Runs beside the frame loop, as sse-starlette's ping task does.
-    """
-
-    def __init__(self, send: Callable[[bytes], Awaitable[None]], interval: float) -> None:
-        self.send = send
-        self.interval = interval
-        self.loop = asyncio.get_running_loop()
-        self.last = self.loop.time()
-
-    def beat(self) -> None:
-        self.last = self.loop.time()
-
-    async def run(self) -> None:
-        while True:
-            delay = self.last + self.interval - self.loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            await self.send(PING)
-            self.beat()
-
-
-PING = sse.encode_comment("ping")
-
-
-def ping_interval() -> float:
-    return float(settings.CHATSITE_STREAM["PING_INTERVAL"])
-
-
 async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
     """The response body, frame by frame (pings come from a ``Heartbeat`` beside it).
     Ends by closing ``stream``."""
@@ -234,11 +254,22 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
     try:
         yield sse.encode_comment("open")
         yield meta_frame(stream)
+        config = settings.CHATSITE_STREAM
+        first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
         while True:
+            limit = next_limit if timings.tokens else first_limit
             try:
-                delta = await stream.next_delta()
+                async with asyncio.timeout(limit):
+                    delta = await stream.next_delta()
             except StopAsyncIteration:
                 break
+            except TimeoutError:
+                stage = "token" if timings.tokens else "first_token"
+                message = f"no {stage} within {limit:g} s"
+                raise EngineTimeout(message, code=f"{stage}_timeout") from None
+            if delta.queue_position is not None:
+                yield queue_frame(delta.queue_position)
+                continue
             if delta.finish_reason:
                 stream.finish_reason = delta.finish_reason
             if not delta.text:
@@ -262,10 +293,15 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
             event="done",
         )
     except EngineError as exc:
-        stream.outcome, stream.finish_reason = "engine_error", exc.code
+        timed_out = isinstance(exc, EngineTimeout)
+        stream.outcome = "timeout" if timed_out else "engine_error"
+        stream.finish_reason = exc.code
         timings.finished = now()
         logger.warning("Engine failed on %s: %s", stream.exchange.request_id, exc)
-        failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
+        if timed_out:
+            failed = errors.ENGINE_TIMEOUT
+        else:
+            failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
         yield error_frame(exc.code, failed.message)
     except Exception:
         stream.outcome = stream.finish_reason = "server_error"
@@ -283,45 +319,6 @@ async def chat_stream_body(stream: ChatStream) -> AsyncIterator[bytes]:
     except Exception:
         logger.exception("Chat stream %s crashed", stream.exchange.request_id)
         yield server_error_frame()
-
-
-async def frames_with_pings(frames: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """``frames`` with ``: ping`` whenever nothing came for ``interval`` seconds, as one iterator
-    (for a response that is an iterator, such as Django's ``StreamingHttpResponse``).
-
-    One task per stream pulls the frames into a one-slot queue; the reader waits on the queue
-    with a timeout, which never interrupts the engine. Closing this iterator stops the puller.
-    """
-    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=1)
-
-    async def pull() -> None:
-        try:
-            async with aclosing(frames) as source:  # type: ignore[type-var]
-                async for frame in source:
-                    await queue.put(frame)
-        except Exception as exc:
-            await queue.put(exc)
-            return
-        await queue.put(None)
-
-    puller = asyncio.create_task(pull())
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(interval):
-                    item = await queue.get()
-            except TimeoutError:
-                yield PING
-                continue
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        if not puller.done():
-            puller.cancel()
-        await asyncio.wait({puller})
 
 
 async def _answer_persist(stream: ChatStream) -> None:

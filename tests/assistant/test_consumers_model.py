@@ -35,3 +35,26 @@ def test_a_real_answer_streams_token_by_token(model_server: LiveServer, transact
     answer = wait_for(lambda: Message.objects.filter(id=events[0].json()["message"]).first())
     assert answer.content == text
     assert answer.status == "complete"
+
+
+def test_a_waiting_student_is_told_their_place_in_line(
+    model_server: LiveServer, transactional_db
+) -> None:
+    """The embedded model answers one student at a time; the next one hears they are next."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first, second = ChatClient(model_server), ChatClient(model_server)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            long_answer = pool.submit(first.ask, "Tell me a long story about a dragon.")
+            wait_for(lambda: True, timeout=0.05)
+            events = pool.submit(second.ask, "What is a cell?").result()
+            long_answer.result()
+    finally:
+        first.close()
+        second.close()
+    kinds = [e.event for e in events]
+    assert kinds[0] == "meta" and kinds[-1] == "done", kinds
+    queued = [e.json()["position"] for e in events if e.event == "queue"]
+    assert queued and queued[0] == 1, kinds
+    assert kinds.index("queue") < kinds.index("token")

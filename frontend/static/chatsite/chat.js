@@ -94,6 +94,13 @@ async function ask(question) {
       if (event === "meta" && data) {
         conversationId = data.conversation;
         answer.dataset.requestId = data.request_id;
+      } else if (event === "queue" && data && !text) {
+        // The embedded model answers one student at a time: say where this question stands.
+        setStatus(
+          data.position === 1
+            ? "You are next: the model is finishing another answer…"
+            : `Waiting for the model: ${data.position - 1} questions ahead of yours…`,
+        );
       } else if (event === "token" && data) {
         if (!text) setStatus("");
         text += data.text;

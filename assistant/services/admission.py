@@ -1,0 +1,47 @@
+"""Per-student limits, checked in the same trip to a database thread as the session lookup, so
+they add no wait before the first token: a rate limit, and a cap on answers streaming at once.
+
+Both live in Django's cache (Redis in the production profile, so every worker counts together).
+Synchronous: call through ``assistant.db.run_db``.
+"""
+
+from django.conf import settings
+from django.core.cache import cache
+
+from assistant import errors
+from assistant.errors import Rejected
+from assistant.services.ratelimit import rate_limit_hit
+
+#: Seconds after which a stream slot frees itself even if its release was lost (a worker died).
+SLOT_TTL_S = 120
+#: What the page is told to wait when all of a student's slots are taken.
+SLOT_RETRY_AFTER_S = 5
+
+
+def _slot_keys(owner_key: str) -> list[str]:
+    count = settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]
+    return [f"chat:streaming:{owner_key}:{slot}" for slot in range(count)]
+
+
+def chat_admit(*, owner_key: str, request_id: str) -> None:
+    """Count this chat request against the owner's limits and take a stream slot, or raise
+    ``Rejected`` (429 with Retry-After)."""
+    limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
+    retry_after = rate_limit_hit(scope="chat", key=owner_key, limit=limit, window_s=window)
+    if retry_after is not None:
+        raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
+    keys = _slot_keys(owner_key)
+    if not keys:
+        return
+    for key in keys:
+        if cache.add(key, request_id, timeout=SLOT_TTL_S):
+            return
+    raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
+
+
+def chat_release(*, owner_key: str, request_id: str) -> None:
+    """Give back the slot ``request_id`` holds, if any."""
+    for key in _slot_keys(owner_key):
+        if cache.get(key) == request_id:
+            cache.delete(key)
+            return
