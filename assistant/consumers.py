@@ -27,6 +27,7 @@ from assistant.services.frames import Heartbeat, ping_interval, server_error_fra
 from assistant.services.stream_start import chat_stream_start
 from assistant.services.streaming import chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
+from assistant.transport import scope_connection
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
                 request_id=request_id,
                 path=self.path_name,
                 timings=self.timings,
+                connection=scope_connection(scope),
             )
         except Rejected as rejected:
             await self.send_error(rejected.error, rejected.headers())

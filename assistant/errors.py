@@ -67,6 +67,9 @@ STREAM_ACTIVE = ApiError(
 ENGINE_BUSY = ApiError(
     503, "engine_busy", "Many students are asking right now. Please try again in a few seconds."
 )
+DATABASE_UNAVAILABLE = ApiError(
+    503, "database_unavailable", "The site is having trouble right now. Please try again shortly."
+)
 ENGINE_TIMEOUT = ApiError(
     504, "engine_timeout", "The model took too long to answer. Please try again."
 )

@@ -84,3 +84,9 @@ STREAMS_ACTIVE = Gauge(
     multiprocess_mode="livesum",
 )
 TOKENS = Counter("ai_tokens", "Tokens streamed to clients.", ["path", "engine"])
+PERSISTENCE_FAILURES = Counter(
+    "ai_persistence_failures",
+    "Writes of questions, answers and stream records that failed: retried (the database was "
+    "unreachable, tried again) or lost (given up, logged with the rows).",
+    ["kind"],
+)

@@ -61,6 +61,8 @@ class StreamRecord(models.Model):
         ENGINE_ERROR = "engine_error"
         TIMEOUT = "timeout"
         SERVER_ERROR = "server_error"
+        #: The client stopped reading; the stream was dropped rather than buffered without end.
+        SLOW_CLIENT = "slow_client"
 
     request_id = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")

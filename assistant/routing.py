@@ -14,6 +14,7 @@ from django.http.cookie import parse_cookie
 from assistant import http
 from assistant.services.serving import split_current
 from assistant.services.timings import RECEIVED_KEY, now
+from assistant.transport import CONNECTION_KEY, client_connection
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -39,6 +40,7 @@ class ChatStreamRouter:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         scope[RECEIVED_KEY] = now()
+        scope[CONNECTION_KEY] = client_connection(send)
         refused = http.preflight_error(scope)
         if refused is not None:
             error, extra = refused

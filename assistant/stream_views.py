@@ -16,6 +16,7 @@ from assistant.services.frames import frames_with_pings, ping_interval
 from assistant.services.stream_start import chat_stream_start
 from assistant.services.streaming import chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
+from assistant.transport import scope_connection
 
 PATH_NAME = "django"
 
@@ -48,6 +49,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
             request_id=request_id,
             path=PATH_NAME,
             timings=timings,
+            connection=scope_connection(request.scope),  # type: ignore[attr-defined]
         )
     except Rejected as rejected:
         return api_error(rejected.error, rejected.headers())

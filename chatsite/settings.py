@@ -308,6 +308,12 @@ CHATSITE_STREAM = {
     # Seconds the engine may take to its first token, and between two tokens.
     "FIRST_TOKEN_TIMEOUT": float(env_str("CHATSITE_FIRST_TOKEN_TIMEOUT", "60")),
     "TOKEN_TIMEOUT": float(env_str("CHATSITE_TOKEN_TIMEOUT", "30")),
+    # Seconds to keep retrying a write while the database is unreachable (answers are kept in
+    # memory meanwhile); after that the loss is logged and counted.
+    "PERSIST_RETRY_S": float(env_str("CHATSITE_PERSIST_RETRY_S", "120")),
+    # Bytes of a stream the client may leave unread (in the server's and the kernel's buffers)
+    # before the stream is ended as too slow: a reader that stalls cannot pin memory.
+    "MAX_UNSENT_BYTES": env_int("CHATSITE_MAX_UNSENT_BYTES", 256 * 1024),
     "TEMPERATURE": float(env_str("CHATSITE_TEMPERATURE", "0.7")),
     "SYSTEM_PROMPT": env_str(
         "CHATSITE_SYSTEM_PROMPT",

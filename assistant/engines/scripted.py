@@ -4,7 +4,7 @@ Yields a fixed list of tokens after ``TTFT_MS``, then one every ``ITL_MS``. A re
 the defaults with a directive at the start of its last user message, for example
 ``[scripted tokens=5 ttft_ms=0 fail_after=3]`` (``fail_after=0`` fails before the first token,
 ``hang=1`` never produces a token, ``text='...'`` is JSON: a list of tokens to send, or a string
-sent one character per token).
+sent one character per token, ``size=N`` pads every token to N characters).
 
 Every start, finish and cancellation is appended as one JSON line to the file named by
 ``EVENTS_FILE`` (env ``CHATSITE_SCRIPTED_EVENTS_FILE``) with ``time.monotonic()``, which is the
@@ -83,6 +83,8 @@ class ScriptedEngine(BaseEngine):
             tokens = _tokens_from_json(args["text"])
         else:
             tokens = default_tokens(int(args.get("tokens", self.tokens)))
+        if "size" in args:
+            tokens = [token.ljust(int(args["size"]), ".") for token in tokens]
         fail_after = int(args["fail_after"]) if "fail_after" in args else None
         tag = args.get("tag", "")
         tokens = tokens[: params.max_tokens]

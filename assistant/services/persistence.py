@@ -15,9 +15,11 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
-from django.db import connections, models, router, transaction
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections, models, router, transaction
 from django.utils import timezone
 
+from assistant import metrics
 from assistant.db import run_db_write
 from assistant.models import Conversation, Message, StreamRecord
 
@@ -123,7 +125,7 @@ class GroupWriter:
 
     async def _flush(self, batch: list[tuple[Rows, asyncio.Future[None]]]) -> None:
         try:
-            await run_db_write(rows_write, [rows for rows, _ in batch])
+            await _write_retrying([rows for rows, _ in batch])
         except Exception:
             if len(batch) > 1:
                 # One bad row must not lose the others: retry them one by one.
@@ -134,10 +136,32 @@ class GroupWriter:
             if not done.done():
                 done.set_exception(_failure(rows))
             logger.exception("Could not store %s", _describe(rows))
+            metrics.PERSISTENCE_FAILURES.labels("lost").inc()
             return
         for _, done in batch:
             if not done.done():
                 done.set_result(None)
+
+
+async def _write_retrying(batch: list[Rows]) -> None:
+    """Write ``batch``; while the database is unreachable or failing over, try again with
+    growing pauses for up to ``CHATSITE_PERSIST_RETRY_S``. Streams go on meanwhile: their rows
+    wait here, in order. A row the database refuses (a constraint) is not retried."""
+    budget = settings.CHATSITE_STREAM["PERSIST_RETRY_S"]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    pause = 0.2
+    while True:
+        try:
+            await run_db_write(rows_write, batch)
+            return
+        except (OperationalError, InterfaceError) as exc:
+            if loop.time() + pause > deadline:
+                raise
+            metrics.PERSISTENCE_FAILURES.labels("retried").inc()
+            logger.warning("Database unavailable (%s); retrying in %.1f s", exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 class PersistenceFailed(Exception):

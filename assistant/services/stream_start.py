@@ -6,6 +6,8 @@ or a ``Rejected`` carrying the exact error to answer with, so they can differ on
 
 import logging
 
+from django.db import InterfaceError, OperationalError
+
 from assistant import errors
 from assistant.db import run_db
 from assistant.engines import EngineBusy, EngineUnavailable, get_engine
@@ -18,12 +20,14 @@ from assistant.services.serving import engine_alias_for
 from assistant.services.streaming import ChatStream, chat_stream_open
 from assistant.services.telemetry import refused_record, stream_refused
 from assistant.services.timings import StreamTimings
+from assistant.transport import ClientConnection
 
 logger = logging.getLogger(__name__)
 
 #: What a refused request is told to wait: a full engine frees up fast, a broken one does not.
 BUSY_RETRY_AFTER_S = 2
 UNAVAILABLE_RETRY_AFTER_S = 10
+DATABASE_RETRY_AFTER_S = 5
 
 
 async def chat_stream_start(
@@ -33,6 +37,7 @@ async def chat_stream_start(
     request_id: str,
     path: str,
     timings: StreamTimings,
+    connection: ClientConnection | None,
 ) -> ChatStream:
     """Validate ``body``, start ``path``'s engine on it and resolve who is asking.
 
@@ -53,7 +58,11 @@ async def chat_stream_start(
             path=path,
             request_id=request_id,
             timings=timings,
+            connection=connection,
         )
+    except (OperationalError, InterfaceError) as exc:
+        logger.error("Database unavailable before %s started: %s", request_id, exc)
+        raise Rejected(errors.DATABASE_UNAVAILABLE, retry_after=DATABASE_RETRY_AFTER_S) from None
     except EngineUnavailable as exc:
         logger.warning("Engine %r unavailable for %s: %s", alias, request_id, exc)
         stream_refused(path=path, engine=engine_name, reason=exc.code)

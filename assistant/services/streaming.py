@@ -49,6 +49,7 @@ from assistant.services.identity import Identity, identity_resolve
 from assistant.services.persistence import rows_store
 from assistant.services.telemetry import stream_observe, stream_record, stream_started
 from assistant.services.timings import StreamTimings, now
+from assistant.transport import ClientConnection
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class ChatStream:
     engine: BaseEngine
     deltas: AsyncIterator[Delta]
     timings: StreamTimings
+    #: The client's connection, to notice a reader that stopped reading (None: unguarded).
+    connection: ClientConnection | None = None
     #: The engine's next delta, already asked for.
     pending: asyncio.Future[Delta] | None = None
     answer: list[str] = field(default_factory=list)
@@ -148,6 +151,10 @@ def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage
     )
 
 
+class SlowClient(Exception):
+    """The client left more than ``MAX_UNSENT_BYTES`` of the stream unread."""
+
+
 def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
     """The request is gone before its stream started: give back the stream slot that the
     identity lookup (still running on its thread, perhaps) takes, once it has."""
@@ -171,6 +178,7 @@ async def chat_stream_open(
     path: str,
     request_id: str,
     timings: StreamTimings,
+    connection: ClientConnection | None = None,
 ) -> ChatStream:
     """Start the engine on ``turn`` and resolve who is asking. Close the result when done.
 
@@ -229,6 +237,7 @@ async def chat_stream_open(
         deltas=deltas,
         timings=timings,
         pending=pending,
+        connection=connection,
     )
 
 
@@ -256,6 +265,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         yield meta_frame(stream)
         config = settings.CHATSITE_STREAM
         first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
+        connection, max_unsent = stream.connection, config["MAX_UNSENT_BYTES"]
         while True:
             limit = next_limit if timings.tokens else first_limit
             try:
@@ -282,6 +292,8 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
             )
             timings.token_sent(now())
             stream.save_question()
+            if connection is not None and connection.unsent() > max_unsent:
+                raise SlowClient(f"{connection.unsent()} bytes unread")
         stream.outcome = "ok"
         timings.finished = now()
         yield sse.encode_json_event(
@@ -303,6 +315,15 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         else:
             failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
         yield error_frame(exc.code, failed.message)
+    except SlowClient as exc:
+        # Nothing more can reach this reader; drop it with what is still buffered for it.
+        stream.outcome = stream.finish_reason = "slow_client"
+        timings.finished = now()
+        logger.warning(
+            "Dropped a client that stopped reading %s: %s", stream.exchange.request_id, exc
+        )
+        if connection is not None:
+            connection.abort()
     except Exception:
         stream.outcome = stream.finish_reason = "server_error"
         raise

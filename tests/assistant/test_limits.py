@@ -135,3 +135,38 @@ def test_the_engine_takes_streams_again_once_they_end(strict: LiveServer, transa
         finally:
             for student in students:
                 student.close()
+
+
+def test_a_client_that_stops_reading_is_dropped_and_others_are_not_held_up(
+    daphne_factory, transactional_db, url: str
+) -> None:
+    """A reader with a tiny window that reads nothing: once 64 KiB wait unread the stream ends
+    (engine cancelled, outcome slow_client); a student streaming meanwhile is unaffected."""
+    import socket
+
+    server: LiveServer = daphne_factory(CHATSITE_MAX_UNSENT_BYTES="65536")
+    stalled, other = ChatClient(server), ChatClient(server)
+    tag = f"stalled-{url[-6:]}"
+    # 800 KB of answer, sent as fast as the engine can.
+    body = json.dumps({"message": f"[scripted tokens=400 size=2000 ttft_ms=0 itl_ms=0 tag={tag}]"})
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    cookies = "; ".join(f"{k}={v}" for k, v in stalled.cookies().items())
+    head = (
+        f"POST {url} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"X-CSRFToken: {stalled.csrf_token}\r\nCookie: {cookies}\r\n\r\n"
+    )
+    try:
+        sock.sendall(head.encode() + body.encode())
+        cancel = server.wait_engine_event(tag, "cancel", timeout=10)
+        assert cancel["tokens"] < 400
+        events = other.ask("[scripted tokens=5 ttft_ms=0 itl_ms=0] still there?", url=url)
+        assert events[-1].event == "done"
+        record = wait_for(lambda: StreamRecord.objects.filter(outcome="slow_client").first())
+        assert record.path == url.rsplit("/", 1)[1]
+    finally:
+        sock.close()
+        stalled.close()
+        other.close()
