@@ -22,8 +22,10 @@ from django.conf import settings
 
 from assistant import errors, http
 from assistant.errors import Rejected
+from assistant.services import background
 from assistant.services.chat_request import request_id_choose
 from assistant.services.frames import Heartbeat, ping_interval, server_error_frame
+from assistant.services.resume import ResumableStream, resumable_open
 from assistant.services.stream_start import chat_stream_start
 from assistant.services.streaming import chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
@@ -45,6 +47,10 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.body_size = 0
         self.response_task: asyncio.Task[None] | None = None
         self.response_started = False
+        #: The answer's frames, kept for a resume after a network drop.
+        self.resumable: ResumableStream | None = None
+        #: The client is gone; the answer goes on into ``resumable`` only.
+        self.detached = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.timings.received = received_at(scope)
@@ -72,9 +78,21 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         # Sent by the server when the client goes away and also after a finished response.
         task = self.response_task
         if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
+            resumable = self.resumable
+            if resumable is not None and not resumable.finished:
+                # The answer goes on for the grace period, for the page to resume it.
+                self.detached = True
+                background.adopt(task)
+                resumable.detach()
+            else:
+                task.cancel()
+                await asyncio.wait({task})
         raise StopConsumer()
+
+    def stop_answer(self) -> None:
+        """Nobody resumed in time: stop generating (the partial answer is saved)."""
+        if self.response_task is not None:
+            self.response_task.cancel()
 
     async def send_error(
         self, error: errors.ApiError, extra: list[tuple[bytes, bytes]] | None = None
@@ -119,6 +137,11 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
 
         self.response_started = True
+        resumable = self.resumable = resumable_open(
+            request_id=request_id, owner_key=stream.identity.owner_key, stop=self.stop_answer
+        )
+        if resumable is not None:
+            resumable.attach()  # this response is its first listener
         heartbeat = Heartbeat(self.send_frame, ping_interval())
         beating: asyncio.Task[None] | None = None
         try:
@@ -127,13 +150,22 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             beating = asyncio.create_task(heartbeat.run())
             async with aclosing(chat_stream_body(stream)) as frames:
                 async for frame in frames:
-                    await self.send_body(frame, more_body=True)
-                    heartbeat.beat()
+                    if resumable is not None:
+                        resumable.append(frame)
+                    if not self.detached:
+                        await self.send_body(frame, more_body=True)
+                        heartbeat.beat()
         finally:
             if beating is not None:
                 beating.cancel()
-            await stream.aclose()
-        await self.send_body(b"", more_body=False)
+            try:
+                await stream.aclose()
+            finally:
+                if resumable is not None:
+                    resumable.finish()
+        if not self.detached:
+            await self.send_body(b"", more_body=False)
 
     async def send_frame(self, frame: bytes) -> None:
-        await self.send_body(frame, more_body=True)
+        if not self.detached:
+            await self.send_body(frame, more_body=True)

@@ -70,6 +70,14 @@ ENGINE_BUSY = ApiError(
 DATABASE_UNAVAILABLE = ApiError(
     503, "database_unavailable", "The site is having trouble right now. Please try again shortly."
 )
+STREAM_EXPIRED = ApiError(
+    404,
+    "stream_expired",
+    "That answer can no longer be resumed. What was saved of it is shown instead.",
+)
+RESUME_INVALID = ApiError(
+    400, "resume_invalid", 'Send {"request_id": "..."} and the Last-Event-ID header.'
+)
 ENGINE_TIMEOUT = ApiError(
     504, "engine_timeout", "The model took too long to answer. Please try again."
 )

@@ -33,3 +33,19 @@ def conversation_messages(
     return [
         {**row, "id": str(row["id"]), "created_at": row["created_at"].isoformat()} for row in rows
     ]
+
+
+def answer_saved(*, owner_key: str, request_id: str) -> dict[str, Any] | None:
+    """The stored answer of the owner's request ``request_id`` (perhaps partial), if any."""
+    row = (
+        Message.objects.filter(
+            request_id=request_id,
+            role=Message.Role.ASSISTANT,
+            conversation__owner_key=owner_key,
+        )
+        .values("id", "conversation_id", "content", "status", "finish_reason")
+        .first()
+    )
+    if row is None:
+        return None
+    return {**row, "id": str(row["id"]), "conversation_id": str(row["conversation_id"])}

@@ -6,15 +6,24 @@ an async iterator, so each frame is sent the moment it exists (Daphne would read
 to the end first). Only the transport differs: same bytes, same records, same timings.
 """
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from assistant import errors, http
+from assistant.db import run_db
 from assistant.errors import Rejected
+from assistant.selectors import answer_saved
+from assistant.services import background
 from assistant.services.chat_request import request_id_choose
 from assistant.services.frames import frames_with_pings, ping_interval
+from assistant.services.identity import owner_key_for
+from assistant.services.resume import resumable_find, resumable_open
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import chat_stream_body
+from assistant.services.streaming import chat_stream_body, chat_stream_into
 from assistant.services.timings import StreamTimings, received_at
 from assistant.transport import scope_connection
 
@@ -53,12 +62,57 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
         )
     except Rejected as rejected:
         return api_error(rejected.error, rejected.headers())
-    response = StreamingHttpResponse(
-        frames_with_pings(chat_stream_body(stream), ping_interval()), status=200
+    resumable = resumable_open(
+        request_id=request_id, owner_key=stream.identity.owner_key, stop=lambda: None
     )
-    for name, value in http.sse_headers(request_id, stream.identity.set_cookie):
+    if resumable is None:
+        body = frames_with_pings(chat_stream_body(stream), ping_interval())
+    else:
+        # The answer runs on its own task into the buffer; this response is its first listener,
+        # and a page that lost it can resume from the buffer (chat_resume).
+        answering = asyncio.create_task(chat_stream_into(stream, resumable))
+        background.adopt(answering)
+        resumable.stop = answering.cancel
+        body = resumable.listen(0, ping_interval())
+    return event_stream(body, request_id, stream.identity.set_cookie)
+
+
+def event_stream(
+    body: AsyncIterator[bytes], request_id: str, set_cookie: str | None
+) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, status=200)
+    for name, value in http.sse_headers(request_id, set_cookie):
         response.headers[name.decode("ascii")] = value.decode("latin-1")
     return response
+
+
+async def chat_resume(request: HttpRequest) -> HttpResponseBase:
+    """``POST /api/chat/resume`` ``{"request_id": "..."}`` with ``Last-Event-ID: n``: the rest of
+    an answer whose stream broke, from token n + 1 (see ``services/resume.py``)."""
+    if request.method != "POST":
+        return api_error(errors.METHOD_NOT_ALLOWED, [(b"allow", b"POST")])
+    try:
+        payload = json.loads(request.body)
+        request_id = payload["request_id"]
+        last_id = int(request.headers.get("last-event-id") or 0)
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return api_error(errors.RESUME_INVALID)
+    if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64 or last_id < 0:
+        return api_error(errors.RESUME_INVALID)
+    session_key = request.session.session_key
+    user = await request.auser()
+    if session_key is None and not user.is_authenticated:
+        return api_error(errors.STREAM_EXPIRED)
+    owner_key = owner_key_for(user, session_key)
+    resumable = resumable_find(request_id=request_id, owner_key=owner_key)
+    if resumable is None:
+        saved = await run_db(answer_saved, owner_key=owner_key, request_id=request_id)
+        expired = errors.STREAM_EXPIRED
+        payload = {**expired.payload(), "answer": saved}
+        return HttpResponse(
+            json.dumps(payload), status=expired.status, content_type="application/json"
+        )
+    return event_stream(resumable.listen(last_id, ping_interval()), request_id, None)
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponseBase:

@@ -10,6 +10,7 @@ urlpatterns = [
     # Reached through the ASGI router (chatsite/asgi.py) when it picks the "django" path.
     path("api/chat/stream", stream_views.chat_stream, name="stream"),
     path("api/chat/stream/django", stream_views.chat_stream, name="stream-django"),
+    path("api/chat/resume", stream_views.chat_resume, name="resume"),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),
     path("dashboard/events", dashboard_views.dashboard_events, name="dashboard-events"),
     path(

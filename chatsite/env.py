@@ -27,11 +27,12 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
-def database_from_url(url: str) -> dict[str, Any]:
+def database_from_url(url: str, *, pool_size: int = 8) -> dict[str, Any]:
     """``postgres://user:password@host:port/name?sslmode=require`` as a Django DATABASES entry.
 
-    Connections persist (``CONN_MAX_AGE=None``) and are checked before reuse: the database
-    threads of ``assistant.db`` keep one each, so a query never waits for a new connection.
+    Connections come from a pool per process (psycopg's, through Django), so a query never waits
+    for a new connection and the count stays bounded: under ASGI each request's synchronous code
+    may run on a new thread, and per-thread persistent connections would pile up.
     """
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
@@ -46,7 +47,9 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": None,
-        "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": dict(parse_qsl(parts.query)),
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            **dict(parse_qsl(parts.query)),
+            "pool": {"min_size": 1, "max_size": pool_size, "timeout": 10},
+        },
     }

@@ -109,7 +109,10 @@ TEMPLATES = [
 ]
 
 if DATABASE_URL:
-    DATABASES = {"default": database_from_url(DATABASE_URL)}
+    # Connections per worker process: the database threads (below) plus the page views.
+    DATABASES = {
+        "default": database_from_url(DATABASE_URL, pool_size=env_int("CHATSITE_DB_POOL_SIZE", 8))
+    }
 else:
     DATABASES = {
         "default": {
@@ -192,7 +195,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = env_str("CHATSITE_STATIC_ROOT", str(BASE_DIR / "staticfiles"))
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 # Serve straight from the finders in development and tests; no collectstatic needed to run.
 WHITENOISE_USE_FINDERS = True
@@ -314,6 +317,11 @@ CHATSITE_STREAM = {
     # Bytes of a stream the client may leave unread (in the server's and the kernel's buffers)
     # before the stream is ended as too slow: a reader that stalls cannot pin memory.
     "MAX_UNSENT_BYTES": env_int("CHATSITE_MAX_UNSENT_BYTES", 256 * 1024),
+    # Seconds an answer goes on after its client vanished, for the page to resume it (0: off);
+    # how long a finished one stays resumable; the most kept per stream.
+    "RESUME_GRACE_S": float(env_str("CHATSITE_RESUME_GRACE_S", "30")),
+    "RESUME_KEEP_S": float(env_str("CHATSITE_RESUME_KEEP_S", "60")),
+    "RESUME_MAX_BYTES": env_int("CHATSITE_RESUME_MAX_BYTES", 256 * 1024),
     "TEMPERATURE": float(env_str("CHATSITE_TEMPERATURE", "0.7")),
     "SYSTEM_PROMPT": env_str(
         "CHATSITE_SYSTEM_PROMPT",

@@ -18,9 +18,9 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
     if settings["ENGINE"].endswith("sqlite3"):
         settings["TEST"]["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
     else:
-        # The database threads (assistant.db) must not keep connections open in this process:
-        # PostgreSQL would refuse to drop the test database at the end.
-        settings["CONN_MAX_AGE"] = 0
+        # No pool in this process: PostgreSQL would refuse to drop the test database at the end
+        # while the pool holds connections to it.
+        settings["OPTIONS"].pop("pool", None)
 
 
 @pytest.fixture(scope="session")

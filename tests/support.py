@@ -87,6 +87,10 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         "CHATSITE_ENGINE": "scripted",
         **database_env(db_path),
         "CHATSITE_SCRIPTED_EVENTS_FILE": str(events_file),
+        # A client that leaves stops its answer at once, unless a test turns resuming on; and
+        # one test session asks far more than a student would in a minute.
+        "CHATSITE_RESUME_GRACE_S": "0",
+        "CHATSITE_CHAT_RATE": "100000",
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
@@ -345,6 +349,12 @@ class CountingProxy:
         self._relays.append(relay)
         await relay
 
+    def drop(self) -> None:
+        """Cut every connection open now, as a network drop would; new ones still connect."""
+        writers, self._writers = self._writers, []
+        for writer in writers:
+            writer.transport.abort()
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[int]:
         """Serve on a free port (yielded) until the block ends, then drop every connection."""
@@ -384,6 +394,17 @@ class ThreadedCountingProxy:
             self.port = port
             self._ready.set()
             await self._stop.wait()
+
+    def drop(self) -> None:
+        """Cut every connection open now (see ``CountingProxy.drop``)."""
+        done = threading.Event()
+
+        def cut() -> None:
+            self.proxy.drop()
+            done.set()
+
+        self._loop.call_soon_threadsafe(cut)
+        assert done.wait(5)
 
     def __enter__(self) -> "ThreadedCountingProxy":
         self._thread.start()

@@ -11,6 +11,7 @@ from django.core.cache import cache
 from assistant import errors
 from assistant.errors import Rejected
 from assistant.services.ratelimit import rate_limit_hit
+from assistant.services.resume import resumable_preempt
 
 #: Seconds after which a stream slot frees itself even if its release was lost (a worker died).
 SLOT_TTL_S = 120
@@ -35,6 +36,13 @@ def chat_admit(*, owner_key: str, request_id: str) -> None:
         return
     for key in keys:
         if cache.add(key, request_id, timeout=SLOT_TTL_S):
+            return
+    # A slot held by an answer whose page went away (kept going for a resume) is taken over:
+    # the student asked something new instead.
+    for key in keys:
+        holder = cache.get(key)
+        if holder is not None and resumable_preempt(holder):
+            cache.set(key, request_id, timeout=SLOT_TTL_S)
             return
     raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
 

@@ -21,6 +21,13 @@ def spawn[T](coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
     return task
 
 
+def adopt(task: asyncio.Task[Any]) -> None:
+    """Hold ``task`` (started elsewhere) until it is done, like a spawned one."""
+    if task not in _tasks:
+        _tasks.add(task)
+        task.add_done_callback(_finished)
+
+
 def _finished(task: asyncio.Task[Any]) -> None:
     _tasks.discard(task)
     if not task.cancelled() and task.exception() is not None:

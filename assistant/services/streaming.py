@@ -47,6 +47,7 @@ from assistant.services.conversations import (
 from assistant.services.frames import error_frame, queue_frame, server_error_frame
 from assistant.services.identity import Identity, identity_resolve
 from assistant.services.persistence import rows_store
+from assistant.services.resume import ResumableStream
 from assistant.services.telemetry import stream_observe, stream_record, stream_started
 from assistant.services.timings import StreamTimings, now
 from assistant.transport import ClientConnection
@@ -73,6 +74,7 @@ class ChatStream:
     outcome: str = "client_abort"
     finish_reason: str = ""
     question_stored: bool = False
+    slot_released: bool = False
     closed: bool = False
 
     def next_delta(self) -> Awaitable[Delta]:
@@ -104,10 +106,16 @@ class ChatStream:
             self.save_question()
             request_id = self.exchange.request_id
             background.spawn(_answer_persist(self), name=f"answer:{request_id}")
-            background.spawn(
-                run_db(chat_release, owner_key=self.identity.owner_key, request_id=request_id),
-                name=f"release:{request_id}",
-            )
+            if not self.slot_released:
+                background.spawn(self.release_slot(), name=f"release:{request_id}")
+
+    async def release_slot(self) -> None:
+        """Give back the student's stream slot (once): before the last frame goes out, so a
+        question asked the moment ``done`` arrives is not refused."""
+        if not self.slot_released:
+            self.slot_released = True
+            owner_key, request_id = self.identity.owner_key, self.exchange.request_id
+            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
 
 
 async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
@@ -296,6 +304,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
                 raise SlowClient(f"{connection.unsent()} bytes unread")
         stream.outcome = "ok"
         timings.finished = now()
+        await stream.release_slot()
         yield sse.encode_json_event(
             {
                 "finish_reason": stream.finish_reason or "stop",
@@ -314,6 +323,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
             failed = errors.ENGINE_TIMEOUT
         else:
             failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
+        await stream.release_slot()
         yield error_frame(exc.code, failed.message)
     except SlowClient as exc:
         # Nothing more can reach this reader; drop it with what is still buffered for it.
@@ -340,6 +350,20 @@ async def chat_stream_body(stream: ChatStream) -> AsyncIterator[bytes]:
     except Exception:
         logger.exception("Chat stream %s crashed", stream.exchange.request_id)
         yield server_error_frame()
+
+
+async def chat_stream_into(stream: ChatStream, resumable: ResumableStream) -> None:
+    """Run ``stream`` to its end into ``resumable``, whoever listens (a serving path that reads
+    its response from the buffer). Cancelling this stops the answer."""
+    try:
+        async with aclosing(chat_stream_body(stream)) as frames:
+            async for frame in frames:
+                resumable.append(frame)
+    finally:
+        try:
+            await stream.aclose()
+        finally:
+            resumable.finish()
 
 
 async def _answer_persist(stream: ChatStream) -> None:

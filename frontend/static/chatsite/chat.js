@@ -84,10 +84,12 @@ async function ask(question) {
   const measured = timer;
   current = streamChat({
     url: config.streamUrl,
+    resumeUrl: config.resumeUrl,
     body: { message: question, conversation: conversationId },
     csrfToken: cookie("csrftoken"),
     requestId,
     onFirstByte: () => measured.firstByte(),
+    onReconnect: () => setStatus("Connection lost. Reconnecting…"),
     firstByteTimeoutMs: Number(config.firstByteTimeoutMs || 5000),
     idleTimeoutMs: 2 * Number(config.pingIntervalMs || 15000),
     onEvent(event, data) {
@@ -102,7 +104,7 @@ async function ask(question) {
             : `Waiting for the model: ${data.position - 1} questions ahead of yours…`,
         );
       } else if (event === "token" && data) {
-        if (!text) setStatus("");
+        if (!text || els.status.textContent) setStatus("");
         text += data.text;
         // Plain text while streaming: cheap, and safe whatever the model sends.
         body.textContent = text;
@@ -117,6 +119,10 @@ async function ask(question) {
   busy(false);
   answer.classList.remove("streaming");
   if (result.outcome === "done" && result.text !== undefined && !text) text = result.text;
+  // Too late to resume: show what the server saved of the answer, if it has more.
+  if (result.answer && typeof result.answer.content === "string") {
+    if (result.answer.content.length > text.length) text = result.answer.content;
+  }
   if (text) body.innerHTML = renderMarkdown(text);
   if (result.outcome === "done") {
     setStatus("");

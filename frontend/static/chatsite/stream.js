@@ -66,20 +66,32 @@ export class SSEParser {
 
 // POST `body` as JSON to `url` and stream the answer. Returns {stop, finished}; `finished`
 // resolves to {outcome, ...} where outcome is "done", "error", "stopped", "timeout" or "failed".
+//
+// When the connection breaks mid-answer (a network error, a stream cut without `done`, or
+// silence past the idle watchdog) and `resumeUrl` is given, the answer is resumed: POST
+// {request_id} to `resumeUrl` with `Last-Event-ID` set to the last token received, a few times
+// with growing pauses. The server sends only the tokens after that one, so nothing is shown
+// twice. A resume the server can no longer serve ends as an error carrying the saved `answer`.
 export function streamChat({
   url,
   body,
   csrfToken,
   requestId,
+  resumeUrl = null,
   firstByteTimeoutMs = 5000,
   idleTimeoutMs = 30000,
+  resumeDelaysMs = [300, 1000, 2000, 4000, 8000],
   onResponse = () => {},
   onFirstByte = () => {},
   onEvent = () => {},
+  onReconnect = () => {},
 }) {
-  const controller = new AbortController();
+  let controller = null;
   let abortReason = null;
   let timer = null;
+  let lastId = 0;
+  let streamId = null;
+  let gotFirstByte = false;
   const arm = (ms, reason) => {
     clearTimeout(timer);
     timer = setTimeout(() => {
@@ -88,24 +100,27 @@ export function streamChat({
     }, ms);
   };
   const stop = () => {
-    if (!abortReason) abortReason = "stopped";
-    controller.abort();
+    abortReason = "stopped";
+    if (controller) controller.abort();
+  };
+  const headers = {
+    "Content-Type": "application/json",
+    Accept: "text/event-stream",
+    "X-CSRFToken": csrfToken,
   };
 
-  const run = async () => {
+  // One request: its events go to onEvent, tokens already seen are dropped.
+  const attempt = async (target, payload, extraHeaders) => {
+    controller = new AbortController();
+    abortReason = null;
     arm(firstByteTimeoutMs, "first_byte_timeout");
     let response;
     try {
-      response = await fetch(url, {
+      response = await fetch(target, {
         method: "POST",
         credentials: "same-origin",
-        headers: {
-          "Content-Type": "application/json",
-          Accept: "text/event-stream",
-          "X-CSRFToken": csrfToken,
-          ...(requestId ? { "X-Request-Id": requestId } : {}),
-        },
-        body: JSON.stringify(body),
+        headers: { ...headers, ...extraHeaders },
+        body: JSON.stringify(payload),
         signal: controller.signal,
       });
     } catch (err) {
@@ -121,18 +136,23 @@ export function streamChat({
     const decoder = new TextDecoder("utf-8");
     let result = { outcome: "failed", code: "stream_cut", message: "The answer stopped early." };
     const parser = new SSEParser((event) => {
-      const payload = safeJSON(event.data);
-      onEvent(event.event, payload, event.id);
-      if (event.event === "done") result = { outcome: "done", ...payload };
-      if (event.event === "error") result = { outcome: "error", ...payload };
+      const data = safeJSON(event.data);
+      if (event.event === "meta" && data) streamId = data.request_id;
+      if (event.event === "token") {
+        const id = Number(event.id);
+        if (id <= lastId) return;
+        lastId = id;
+      }
+      onEvent(event.event, data, event.id);
+      if (event.event === "done") result = { outcome: "done", ...data };
+      if (event.event === "error") result = { outcome: "error", ...data };
     });
-    let first = true;
     try {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        if (first) {
-          first = false;
+        if (!gotFirstByte) {
+          gotFirstByte = true;
           onFirstByte();
         }
         arm(idleTimeoutMs, "idle_timeout");
@@ -153,6 +173,26 @@ export function streamChat({
     return { outcome: "failed", code: "network", message: String(err && err.message ? err.message : err) };
   };
 
+  // Broken after the answer began (not stopped, not a server's verdict): worth resuming.
+  const broken = (result) =>
+    streamId &&
+    resumeUrl &&
+    (result.outcome === "failed" ||
+      (result.outcome === "timeout" && result.code === "idle_timeout"));
+
+  const run = async () => {
+    const extra = requestId ? { "X-Request-Id": requestId } : {};
+    let result = await attempt(url, body, extra);
+    for (const delay of resumeDelaysMs) {
+      if (!broken(result)) break;
+      onReconnect({ lastId, delayMs: delay });
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      if (abortReason === "stopped") return { outcome: "stopped" };
+      result = await attempt(resumeUrl, { request_id: streamId }, { "Last-Event-ID": String(lastId) });
+    }
+    return result;
+  };
+
   return { stop, finished: run() };
 }
 
@@ -165,9 +205,11 @@ async function plainResponse(response) {
       status: response.status,
       code: error.code || `http_${response.status}`,
       message: error.message || `The server answered ${response.status}.`,
+      // A resume that came too late: what the server saved of the answer, if anything.
+      answer: payload && payload.answer ? payload.answer : null,
     };
   }
-  const text = payload && (payload.text || payload.answer || payload.message);
+  const text = payload && (payload.text || payload.message);
   return { outcome: "done", text: typeof text === "string" ? text : "" };
 }
 

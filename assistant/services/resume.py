@@ -1,0 +1,167 @@
+"""Resuming an answer after a network drop.
+
+Every stream's frames are kept, as they are sent, in a bounded per-stream buffer
+(``ResumableStream``). When the client vanishes mid-answer the generation does not stop at once:
+it goes on into the buffer for ``RESUME_GRACE_S`` seconds. A page that reconnects in time with
+``Last-Event-ID`` (the id of the last token it rendered) gets ``: open``, ``meta`` again, exactly
+the tokens after that id, and then the rest live; nobody reconnecting means the generation is
+cancelled when the grace period ends, as it would have been at once without it. A finished
+stream stays resumable for ``RESUME_KEEP_S`` seconds, so a drop just before ``done`` loses
+nothing either.
+
+Buffers live in this process's memory: a resume must reach the worker that runs the stream
+(one worker by default; behind nginx, see docs/deploy.md). Only the stream's owner (the same
+session or user) may resume it.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from assistant.services.frames import PING
+
+logger = logging.getLogger(__name__)
+
+
+def _token_id(frame: bytes) -> int | None:
+    """The ``id:`` of a token frame (the encoder writes it first), None for other frames."""
+    if not frame.startswith(b"id: "):
+        return None
+    return int(frame[4 : frame.index(b"\n")])
+
+
+@dataclass(eq=False)
+class ResumableStream:
+    """One answer's frames, for whoever (re)attaches to it."""
+
+    request_id: str
+    owner_key: str
+    #: Called when nobody listens any more and the grace period is over: stops the generation.
+    stop: Callable[[], None]
+    frames: list[bytes] = field(default_factory=list)
+    size: int = 0
+    finished: bool = False
+    listeners: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _grace: asyncio.TimerHandle | None = None
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+
+    def append(self, frame: bytes) -> None:
+        """Keep ``frame`` (pings are not kept). Past ``RESUME_MAX_BYTES`` nothing more is kept,
+        and a later resume is refused: the answer is then in the database when it ends."""
+        if frame is PING:
+            return
+        self.size += len(frame)
+        if self.size <= settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]:
+            self.frames.append(frame)
+        self._wake()
+
+    def finish(self) -> None:
+        """The stream has ended (done, error, or cancelled): keep it a little, then forget it."""
+        if self.finished:
+            return
+        self.finished = True
+        self._cancel_grace()
+        self._wake()
+        keep = settings.CHATSITE_STREAM["RESUME_KEEP_S"]
+        asyncio.get_running_loop().call_later(keep, _registry.pop, self.request_id, None)
+
+    @property
+    def complete(self) -> bool:
+        """Every frame is still in the buffer."""
+        return self.size <= settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]
+
+    def detach(self) -> None:
+        """A listener went away. With nobody left and the answer still coming, the grace period
+        starts: generation goes on until someone resumes or it runs out."""
+        self.listeners -= 1
+        if self.listeners > 0 or self.finished:
+            return
+        grace = settings.CHATSITE_STREAM["RESUME_GRACE_S"]
+        self._cancel_grace()
+        self._grace = asyncio.get_running_loop().call_later(grace, self._expire)
+
+    def attach(self) -> None:
+        self.listeners += 1
+        self._cancel_grace()
+
+    def _expire(self) -> None:
+        self._grace = None
+        if self.listeners == 0 and not self.finished:
+            logger.info("Nobody resumed %s in time; stopping it", self.request_id)
+            # From now on a resume gets the saved (partial) answer instead.
+            _registry.pop(self.request_id, None)
+            self.stop()
+
+    def _cancel_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def frames_after(self, last_id: int, ping_interval: float) -> AsyncIterator[bytes]:
+        """``: open``, ``meta``, every frame after token ``last_id``, then new frames as they
+        come (``: ping`` after ``ping_interval`` s of quiet) until the stream ends."""
+        sent = 0
+        while True:
+            while sent < len(self.frames):
+                frame = self.frames[sent]
+                sent += 1
+                token = _token_id(frame)
+                if token is None or token > last_id:
+                    yield frame
+            if self.finished:
+                return
+            try:
+                async with asyncio.timeout(ping_interval):
+                    await self._changed.wait()
+            except TimeoutError:
+                yield PING
+
+    async def listen(self, last_id: int, ping_interval: float) -> AsyncIterator[bytes]:
+        """``frames_after`` for one more listener, who is counted until it goes away."""
+        self.attach()
+        try:
+            async for frame in self.frames_after(last_id, ping_interval):
+                yield frame
+        finally:
+            self.detach()
+
+
+_registry: dict[str, ResumableStream] = {}
+
+
+def resumable_preempt(request_id: str) -> bool:
+    """From any thread: stop ``request_id`` if this process runs it and nobody listens to it
+    (its student moved on to a new question). True when it was stopped."""
+    stream = _registry.get(request_id)
+    if stream is None or stream.listeners > 0 or stream.finished:
+        return False
+    _registry.pop(request_id, None)
+    stream._loop.call_soon_threadsafe(stream.stop)
+    return True
+
+
+def resumable_open(
+    *, request_id: str, owner_key: str, stop: Callable[[], None]
+) -> ResumableStream | None:
+    """Start keeping ``request_id``'s frames, unless resuming is off (grace 0)."""
+    if settings.CHATSITE_STREAM["RESUME_GRACE_S"] <= 0:
+        return None
+    stream = ResumableStream(request_id=request_id, owner_key=owner_key, stop=stop)
+    _registry[request_id] = stream
+    return stream
+
+
+def resumable_find(*, request_id: str, owner_key: str) -> ResumableStream | None:
+    """The stream to resume, if it is still kept, complete, and ``owner_key``'s."""
+    stream = _registry.get(request_id)
+    if stream is None or stream.owner_key != owner_key or not stream.complete:
+        return None
+    return stream
