@@ -9,7 +9,6 @@ import gzip
 import itertools
 import json
 import os
-import pwd
 import re
 import shutil
 import socket
@@ -27,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from deploy.loopback_stack import NGINX_DIR, STATIC_DIR, Edit, nginx_args, render
 from tests.support import (
-    ROOT,
     ChatClient,
     Event,
     LiveServer,
@@ -42,46 +41,13 @@ from tests.support import (
 # The Daphne workers share the test database; each test leaves it empty.
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NGINX_DIR = ROOT / "deploy" / "nginx"
-STATIC_DIR = ROOT / "frontend" / "static"
 SITE = "chatsite.conf"
 SPLIT_SITE = "chatsite-split.conf"
 SSE_SNIPPET = "snippets/chatsite-sse.conf"
 SERVER_SNIPPET = "snippets/chatsite-server.conf"
 PROXY_SNIPPET = "snippets/chatsite-proxy.conf"
 
-# What the shipped files use as examples, and so what a rendering replaces (each must occur).
-EXAMPLE_WORKERS = ("server 127.0.0.1:8001;", "server 127.0.0.1:8002;")
-EXAMPLE_LISTEN = ("listen 80;", "listen [::]:80;")
-EXAMPLE_STATIC_ROOT = "/srv/chatsite/staticfiles/"
-EXAMPLE_ACCESS_LOG = "/var/log/nginx/chatsite.access.log"
-
-# The smallest main configuration a site needs, everything nginx writes kept in the run's folder.
-MAIN_CONF = """\
-{user}daemon off;
-worker_processes 1;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{
-    worker_connections 512;
-}}
-http {{
-    types {{
-        text/html html;
-    }}
-    default_type application/octet-stream;
-    client_body_temp_path {work}/client_body;
-    proxy_temp_path {work}/proxy;
-    fastcgi_temp_path {work}/fastcgi;
-    uwsgi_temp_path {work}/uwsgi;
-    scgi_temp_path {work}/scgi;
-    include {site};
-}}
-"""
-
 Cookies = dict[str, str]
-# (file under deploy/nginx, text, replacement): a deliberate change to a shipped file.
-Edit = tuple[str, str, str]
 BUFFERED = (
     SSE_SNIPPET,
     "proxy_buffering off;",
@@ -112,43 +78,6 @@ def nginx_binary() -> str:
     if path is None:
         pytest.fail("nginx is not installed: install Debian's nginx (scripts/setup --test does).")
     return path
-
-
-def render(
-    work: Path, site: str, *, workers: Sequence[int], port: int, edits: Sequence[Edit] = ()
-) -> Path:
-    """Copy deploy/nginx into ``work`` for this run and wrap ``site`` in a main config."""
-    conf = work / "conf"
-    shutil.copytree(NGINX_DIR, conf)
-    a, b = workers
-    replacements = {
-        EXAMPLE_WORKERS[0]: f"server 127.0.0.1:{a};",
-        EXAMPLE_WORKERS[1]: f"server 127.0.0.1:{b};",
-        EXAMPLE_LISTEN[0]: f"listen 127.0.0.1:{port};",
-        EXAMPLE_LISTEN[1]: "",
-        EXAMPLE_STATIC_ROOT: f"{STATIC_DIR}/",
-        EXAMPLE_ACCESS_LOG: str(work / "access.log"),
-    }
-    files = [conf / site, *sorted((conf / "snippets").glob("*.conf"))]
-    texts = {path: path.read_text() for path in files}
-    for old, new in replacements.items():
-        assert any(old in text for text in texts.values()), f"{old!r} is no longer in {site}"
-        texts = {path: text.replace(old, new) for path, text in texts.items()}
-    for name, old, new in edits:
-        path = conf / name
-        assert texts[path].count(old) == 1, f"{old!r} is not in {name} exactly once"
-        texts[path] = texts[path].replace(old, new)
-    for path, text in texts.items():
-        path.write_text(text)
-    user = f"user {pwd.getpwuid(0).pw_name};\n" if os.geteuid() == 0 else ""
-    main = conf / "nginx.conf"
-    main.write_text(MAIN_CONF.format(user=user, work=work, site=conf / site))
-    return main
-
-
-def nginx_args(binary: str, main: Path) -> list[str]:
-    work = main.parent.parent
-    return [binary, "-p", f"{work}/", "-c", str(main), "-e", str(work / "error.log")]
 
 
 @pytest.fixture(scope="module")
