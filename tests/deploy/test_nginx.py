@@ -578,3 +578,43 @@ def test_candidate_failure_mid_answer_is_not_retried(
     assert meta_of(events)["path"] == "django"
     assert len(tokens_of(events)) == 2
     assert events[-1].event == "error"
+
+
+# --- resuming through nginx -----------------------------------------------------------------
+
+
+def test_a_dropped_answer_resumes_on_its_own_worker(nginx_factory, daphne_factory) -> None:
+    """Two workers with resuming on: for every session, the resume of a dropped answer reaches
+    the worker that runs it (the chat upstream hashes the session cookie) and brings exactly the
+    missing tokens."""
+    workers = [daphne_factory(CHATSITE_RESUME_GRACE_S="5") for _ in range(2)]
+    site = nginx_factory(SITE, [worker.port for worker in workers])
+    for _ in range(8):
+        cookies = page_visit(site.port)
+        response = post_chat(site.port, cookies, "[scripted tokens=12 itl_ms=30] Go on")
+        events: list[Event] = []
+        for event in response.events():
+            events.append(event)
+            if len(tokens_of(events)) == 3:
+                break
+        response.sock.close()
+        body = json.dumps({"request_id": meta_of(events)["request_id"]}).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-CSRFToken": cookies["csrftoken"],
+            "Last-Event-ID": "3",
+        }
+        resumed = raw_post(
+            site.port, body, cookies=cookies, headers=headers, path="/api/chat/resume"
+        )
+        assert resumed.status == 200, resumed.body()
+        after = list(resumed.events())
+        assert [int(e.id) for e in tokens_of(after)] == list(range(4, 13))
+        assert after[-1].event == "done"
+    # The sessions were spread over both workers, so the hash really had to pick the right one.
+    used = {
+        f"127.0.0.1:{w.port}"
+        for w in workers
+        if f"127.0.0.1:{w.port}" in site.access_log.read_text()
+    }
+    assert len(used) == 2, used
