@@ -54,7 +54,15 @@ class ChatStreamConsumer(AsyncHttpConsumer):
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.timings.received = received_at(scope)
-        await super().__call__(scope, receive, send)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Cancelled by the server shutting down: stop the answer here, so that its finally
+            # blocks run (the engine stops, what was said is stored) before the process exits.
+            task = self.response_task
+            if task is not None and not task.done() and not self.detached:
+                task.cancel()
+                await asyncio.wait({task})
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)

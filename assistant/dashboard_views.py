@@ -167,7 +167,7 @@ async def split_update(request: HttpRequest) -> HttpResponseBase:
     """``POST /dashboard/api/split`` ``{"percent": 0-100, "mode": "auto"}``: change the split."""
     try:
         payload = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return api_error(errors.INVALID_JSON)
     if not isinstance(payload, dict):
         return api_error(errors.SPLIT_INVALID)

@@ -46,6 +46,9 @@ INVALID_BODY = ApiError(
 )
 MESSAGE_MISSING = ApiError(400, "message_missing", "Type a message first.")
 MESSAGE_TOO_LONG = ApiError(400, "message_too_long", "The message is too long.")
+MESSAGE_UNREADABLE = ApiError(
+    400, "message_unreadable", "The message contains characters that are not text."
+)
 INVALID_CONVERSATION = ApiError(400, "invalid_conversation", "The conversation id is not valid.")
 CONVERSATION_NOT_FOUND = ApiError(404, "conversation_not_found", "No such conversation.")
 CSRF_FAILED = ApiError(403, "csrf_failed", "The page's security token is missing or stale.")

@@ -18,7 +18,7 @@ from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.selectors import answer_saved
 from assistant.services import background
-from assistant.services.chat_request import request_id_choose
+from assistant.services.chat_request import request_id_choose, request_id_valid
 from assistant.services.frames import frames_with_pings, ping_interval
 from assistant.services.identity import owner_key_for
 from assistant.services.resume import resumable_find, resumable_open
@@ -95,9 +95,9 @@ async def chat_resume(request: HttpRequest) -> HttpResponseBase:
         payload = json.loads(request.body)
         request_id = payload["request_id"]
         last_id = int(request.headers.get("last-event-id") or 0)
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
         return api_error(errors.RESUME_INVALID)
-    if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64 or last_id < 0:
+    if not request_id_valid(request_id) or last_id < 0:
         return api_error(errors.RESUME_INVALID)
     session_key = request.session.session_key
     user = await request.auser()

@@ -79,7 +79,7 @@ async def beacon(request: HttpRequest) -> HttpResponse:
         return _error(errors.BODY_TOO_LARGE)
     try:
         payload = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return _error(errors.INVALID_JSON)
     if isinstance(payload, dict) and isinstance(payload.get("csrf_token"), str):
         request.META["HTTP_X_CSRFTOKEN"] = payload["csrf_token"]

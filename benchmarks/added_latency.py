@@ -213,6 +213,9 @@ def main() -> None:
                         "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
                         "CHATSITE_SCRIPTED_ITL_MS": str(int(args.itl_ms)),
                         "CHATSITE_SCRIPTED_EVENTS_FILE": "",
+                        # One page's cookies ask every question here: no per-student limits.
+                        "CHATSITE_STREAMS_PER_SESSION": "0",
+                        "CHATSITE_CHAT_RATE": "100000000",
                     },
                 )
                 import httpx

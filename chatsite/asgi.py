@@ -1,6 +1,7 @@
 """ASGI entry point: the streaming consumer on its own route, Django for everything else."""
 
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -23,6 +24,22 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     from prometheus_client import multiprocess
 
     atexit.register(multiprocess.mark_process_dead, os.getpid())
+
+# Under Daphne: when the process is asked to stop, Daphne cancels the open requests first; then
+# the answers they leave behind are stored before the reactor stops (bounded, 5 s).
+if "twisted.internet.reactor" in sys.modules:
+    from assistant.services.background import drain
+
+    def _drain_before_exit() -> object:
+        import asyncio
+
+        from twisted.internet import defer
+
+        return defer.Deferred.fromFuture(asyncio.ensure_future(drain(within_s=5.0)))
+
+    sys.modules["twisted.internet.reactor"].addSystemEventTrigger(  # type: ignore[attr-defined]
+        "during", "shutdown", _drain_before_exit
+    )
 
 # Load the models now, once per process, so the first student does not wait for them.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":

@@ -27,7 +27,7 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
-def database_from_url(url: str, *, pool_size: int = 8) -> dict[str, Any]:
+def database_from_url(url: str, *, pool_size: int = 8, pool_timeout: float = 2.0) -> dict[str, Any]:
     """``postgres://user:password@host:port/name?sslmode=require`` as a Django DATABASES entry.
 
     Connections come from a pool per process (psycopg's, through Django), so a query never waits
@@ -50,6 +50,8 @@ def database_from_url(url: str, *, pool_size: int = 8) -> dict[str, Any]:
         "CONN_MAX_AGE": 0,
         "OPTIONS": {
             **dict(parse_qsl(parts.query)),
-            "pool": {"min_size": 1, "max_size": pool_size, "timeout": 10},
+            # Waiting for a connection fails after pool_timeout s: while the database is down,
+            # a request gets its 503 quickly and the writer's retries keep their pace.
+            "pool": {"min_size": 1, "max_size": pool_size, "timeout": pool_timeout},
         },
     }

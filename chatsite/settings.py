@@ -111,7 +111,11 @@ TEMPLATES = [
 if DATABASE_URL:
     # Connections per worker process: the database threads (below) plus the page views.
     DATABASES = {
-        "default": database_from_url(DATABASE_URL, pool_size=env_int("CHATSITE_DB_POOL_SIZE", 8))
+        "default": database_from_url(
+            DATABASE_URL,
+            pool_size=env_int("CHATSITE_DB_POOL_SIZE", 8),
+            pool_timeout=float(env_str("CHATSITE_DB_POOL_TIMEOUT", "2")),
+        )
     }
 else:
     DATABASES = {
@@ -207,7 +211,12 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "assistant": {"handlers": ["console"], "level": env_str("CHATSITE_LOG_LEVEL", "INFO")},
+        "assistant": {
+            "handlers": ["console"],
+            "level": env_str("CHATSITE_LOG_LEVEL", "INFO"),
+            # Daphne gives the root logger a handler of its own: once is enough.
+            "propagate": False,
+        },
     },
 }
 

@@ -1,6 +1,6 @@
 """docs/deploy.md performed on loopback, as an ordinary user, then torn down.
 
-    .venv/bin/python deploy/loopback_stack.py up [--workers N] [--dir DIR]
+    .venv/bin/python deploy/loopback_stack.py up [--workers N] [--dir DIR] [--env NAME=VALUE ...]
     .venv/bin/python deploy/loopback_stack.py check [--dir DIR]
     .venv/bin/python deploy/loopback_stack.py down [--dir DIR]
 
@@ -67,13 +67,14 @@ EXAMPLE_STATIC_ROOT = "/srv/chatsite/staticfiles/"
 EXAMPLE_ACCESS_LOG = "/var/log/nginx/chatsite.access.log"
 
 # The smallest main configuration a site needs, everything nginx writes kept in the run's folder.
+# Each open stream holds two of the worker's connections (the client's and the upstream's).
 MAIN_CONF = """\
 {user}daemon off;
 worker_processes 1;
 pid {work}/nginx.pid;
 error_log {work}/error.log warn;
 events {{
-    worker_connections 512;
+    worker_connections {worker_connections};
 }}
 http {{
     types {{
@@ -91,6 +92,7 @@ http {{
 
 # (file under deploy/nginx, text, replacement): a deliberate change to a shipped file.
 Edit = tuple[str, str, str]
+WORKER_CONNECTIONS = 512
 
 
 def render(
@@ -101,12 +103,13 @@ def render(
     port: int,
     edits: Sequence[Edit] = (),
     static_root: Path = STATIC_DIR,
+    worker_connections: int = WORKER_CONNECTIONS,
 ) -> Path:
     """Copy deploy/nginx into ``work`` for this run and wrap ``site`` in a main config.
 
     The upstream gets one ``server`` line per port in ``workers``; nginx listens on
-    127.0.0.1:``port`` and serves /static/ from ``static_root``. Nothing else changes but
-    ``edits``."""
+    127.0.0.1:``port`` and serves /static/ from ``static_root``, its one worker process with
+    ``worker_connections``. Nothing else changes but ``edits``."""
     conf = work / "conf"
     shutil.copytree(NGINX_DIR, conf)
     # The first worker replaces the first example line, every other one the second.
@@ -136,7 +139,11 @@ def render(
         path.write_text(text)
     user = f"user {pwd.getpwuid(0).pw_name};\n" if os.geteuid() == 0 else ""
     main = conf / "nginx.conf"
-    main.write_text(MAIN_CONF.format(user=user, work=work, site=conf / site))
+    main.write_text(
+        MAIN_CONF.format(
+            user=user, work=work, site=conf / site, worker_connections=worker_connections
+        )
+    )
     return main
 
 
@@ -372,13 +379,25 @@ def say(message: str) -> None:
 class LoopbackStack:
     """chatsite behind nginx with ``workers`` Daphne workers, PostgreSQL and Redis, in ``work``.
 
-    As a context manager: up on entry (torn down again if that fails), down on exit."""
+    ``env``: lines set in the environment file after the loopback's own (what an operator
+    would change in /etc/chatsite/env, e.g. ``CHATSITE_MAX_STREAMS``); ``worker_connections``:
+    nginx's, in the rendered main config. As a context manager: up on entry (torn down again if
+    that fails), down on exit."""
 
-    def __init__(self, work: Path = DEFAULT_DIR, *, workers: int = 2) -> None:
+    def __init__(
+        self,
+        work: Path = DEFAULT_DIR,
+        *,
+        workers: int = 2,
+        env: Mapping[str, str] | None = None,
+        worker_connections: int = WORKER_CONNECTIONS,
+    ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
         self.work = work.resolve()
         self.worker_count = workers
+        self.extra_env = dict(env or {})
+        self.worker_connections = worker_connections
         self.state: State | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._staff_password = ""
@@ -656,6 +675,7 @@ class LoopbackStack:
                 **ENV_LOOPBACK,
                 # Two stacks (or a test run and a site) can share one Redis.
                 "CHATSITE_REDIS_PREFIX": self.name,
+                **self.extra_env,
             },
         )
         text = self.env_file.read_text()
@@ -684,6 +704,7 @@ class LoopbackStack:
             workers=self._state.workers,
             port=self._state.port,
             static_root=STATIC_ROOT,
+            worker_connections=self.worker_connections,
         )
         args = nginx_args(binary, main)
         test = subprocess.run([*args, "-t"], capture_output=True, text=True, timeout=30)
@@ -1009,10 +1030,31 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "check", "down"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"default {DEFAULT_DIR}")
     parser.add_argument("--workers", type=int, default=2, help="Daphne workers (up only)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a line of the environment file, after the loopback's own (up only; repeatable)",
+    )
+    parser.add_argument(
+        "--worker-connections",
+        type=int,
+        default=WORKER_CONNECTIONS,
+        help=f"nginx's worker_connections (up only; default {WORKER_CONNECTIONS})",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if bad := [item for item in args.env if "=" not in item]:
+        parser.error(f"--env wants NAME=VALUE, not {bad[0]!r}")
+    env = dict(item.split("=", 1) for item in args.env)
     try:
         if args.action == "up":
-            stack = LoopbackStack(args.dir, workers=args.workers)
+            stack = LoopbackStack(
+                args.dir,
+                workers=args.workers,
+                env=env,
+                worker_connections=args.worker_connections,
+            )
             try:
                 stack.up()
             except BaseException:

@@ -416,3 +416,54 @@ class ThreadedCountingProxy:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
         self._loop.close()
+
+
+class ModelServer:
+    """``python -m llama_cpp.server`` with the embedded SmolLM2 on a free loopback port: the
+    OpenAI-compatible server the vLLM engine's tests talk to (vLLM itself needs a GPU)."""
+
+    def __init__(self, log: Path, *, threads: int = 2, extra: tuple[str, ...] = ()) -> None:
+        from assistant.engines.llamacpp import default_model_path
+
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = log
+        command = [
+            sys.executable,
+            *("-m", "llama_cpp.server", "--model", str(default_model_path())),
+            *("--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(self.port)),
+            *("--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False", *extra),
+        ]
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self.model = self._wait_for_models()
+
+    def _wait_for_models(self) -> str:
+        """The id of the first model the server lists, once it answers /v1/models."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                response = httpx.get(f"{self.base_url}/models", timeout=2)
+            except httpx.TransportError:
+                time.sleep(0.1)
+                continue
+            if response.status_code == 200:
+                return str(response.json()["data"][0]["id"])
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(
+            f"the model server did not start:\n{self.log.read_text(errors='replace')}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the process vanishes mid-answer, as after an OOM kill or a crash."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()

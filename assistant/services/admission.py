@@ -6,7 +6,8 @@ Synchronous: call through ``assistant.db.run_db``.
 """
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.locmem import LocMemCache
 
 from assistant import errors
 from assistant.errors import Rejected
@@ -45,6 +46,11 @@ def chat_admit(*, owner_key: str, request_id: str) -> None:
             cache.set(key, request_id, timeout=SLOT_TTL_S)
             return
     raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
+
+
+def cache_in_process() -> bool:
+    """The cache is this process's memory: calls cost microseconds and need no thread."""
+    return isinstance(caches["default"], LocMemCache)
 
 
 def chat_release(*, owner_key: str, request_id: str) -> None:

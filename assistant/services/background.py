@@ -21,14 +21,40 @@ def spawn[T](coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
     return task
 
 
+#: Adopted tasks: answers going on with nobody listening, stopped first when the process exits.
+_adopted: set[asyncio.Task[Any]] = set()
+
+
 def adopt(task: asyncio.Task[Any]) -> None:
-    """Hold ``task`` (started elsewhere) until it is done, like a spawned one."""
+    """Hold ``task`` (an answer nobody may be listening to) until it is done, like a spawned
+    one; when the process shuts down it is cancelled rather than waited for."""
     if task not in _tasks:
         _tasks.add(task)
+        _adopted.add(task)
         task.add_done_callback(_finished)
+
+
+async def drain(within_s: float) -> int:
+    """At shutdown: stop adopted answers, then wait up to ``within_s`` seconds for the rest
+    (storing answers and records). Returns how many tasks were still unfinished."""
+    for task in list(_adopted):
+        task.cancel()
+    pending = {task for task in _tasks if not task.done()}
+    if not pending:
+        return 0
+    # Tasks spawned while draining (the stores of the answers just stopped) are waited for too.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while pending and loop.time() < deadline:
+        await asyncio.wait(pending, timeout=deadline - loop.time())
+        pending = {task for task in _tasks if not task.done()}
+    if pending:
+        logger.error("Shutting down with %d unfinished background tasks", len(pending))
+    return len(pending)
 
 
 def _finished(task: asyncio.Task[Any]) -> None:
     _tasks.discard(task)
+    _adopted.discard(task)
     if not task.cancelled() and task.exception() is not None:
         logger.error("Background task %s failed", task.get_name(), exc_info=task.exception())

@@ -17,6 +17,7 @@ from django.utils import timezone
 from assistant import errors, metrics
 from assistant.errors import Rejected
 from assistant.models import StreamRecord
+from assistant.services.chat_request import request_id_valid
 
 #: What the page may report about how a request ended.
 CLIENT_OUTCOMES = {"ok", "error", "stopped", "timeout", "abandoned"}
@@ -66,7 +67,11 @@ def _number(payload: dict[str, Any], name: str) -> float | None:
     value = payload.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise Rejected(errors.BEACON_INVALID.with_message(f"{name} must be a number."))
     if not 0 <= value <= MAX_MS:
         raise Rejected(errors.BEACON_INVALID.with_message(f"{name} is out of range."))
@@ -78,10 +83,10 @@ def beacon_parse(payload: Any) -> Beacon:
     if not isinstance(payload, dict):
         raise Rejected(errors.BEACON_INVALID)
     request_id = payload.get("request_id")
-    if not isinstance(request_id, str) or not 8 <= len(request_id) <= 64:
+    if not request_id_valid(request_id):
         raise Rejected(errors.BEACON_INVALID.with_message("request_id is missing."))
     outcome = payload.get("outcome")
-    if outcome not in CLIENT_OUTCOMES:
+    if not isinstance(outcome, str) or outcome not in CLIENT_OUTCOMES:
         raise Rejected(
             errors.BEACON_INVALID.with_message(f"outcome must be one of {sorted(CLIENT_OUTCOMES)}.")
         )

@@ -10,7 +10,9 @@ from django.conf import settings
 from assistant import errors
 from assistant.errors import Rejected
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{8,64}")
+#: Characters no database stores as text: NUL, and halves of a UTF-16 pair without the other.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +21,15 @@ class ChatTurn:
     conversation_id: uuid.UUID | None
 
 
+def request_id_valid(value: object) -> bool:
+    """A request id this site could have used: 8-64 of ``[A-Za-z0-9._-]``."""
+    return isinstance(value, str) and _REQUEST_ID.fullmatch(value) is not None
+
+
 def request_id_choose(incoming: str | None) -> str:
     """Reuse a proxy's request id when it looks like one, so logs join up; else a new one."""
-    if incoming and _REQUEST_ID.match(incoming):
-        return incoming
+    if request_id_valid(incoming):
+        return incoming  # type: ignore[return-value]
     return uuid.uuid4().hex
 
 
@@ -30,7 +37,7 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
     """Validate the JSON body ``{"message": str, "conversation": uuid | null}``."""
     try:
         payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise Rejected(errors.INVALID_JSON) from None
     if not isinstance(payload, dict):
         raise Rejected(errors.INVALID_BODY)
@@ -39,6 +46,8 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
         raise Rejected(errors.INVALID_BODY)
     if not message or not message.strip():
         raise Rejected(errors.MESSAGE_MISSING)
+    if _UNSTORABLE.search(message):
+        raise Rejected(errors.MESSAGE_UNREADABLE)
     limit = settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
     if len(message) > limit:
         raise Rejected(

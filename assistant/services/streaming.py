@@ -14,6 +14,7 @@ The order of work is the product:
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
@@ -35,7 +36,7 @@ from assistant.engines import (
 from assistant.errors import Rejected
 from assistant.models import Message
 from assistant.services import background
-from assistant.services.admission import chat_admit, chat_release
+from assistant.services.admission import cache_in_process, chat_admit, chat_release
 from assistant.services.chat_request import ChatTurn
 from assistant.services.conversations import (
     ConversationNotFound,
@@ -46,13 +47,16 @@ from assistant.services.conversations import (
 )
 from assistant.services.frames import error_frame, queue_frame, server_error_frame
 from assistant.services.identity import Identity, identity_resolve
-from assistant.services.persistence import rows_store
+from assistant.services.persistence import Rows, rows_store
 from assistant.services.resume import ResumableStream
 from assistant.services.telemetry import stream_observe, stream_record, stream_started
 from assistant.services.timings import StreamTimings, now
 from assistant.transport import ClientConnection
 
 logger = logging.getLogger(__name__)
+
+#: Half of a UTF-16 pair without the other: not encodable, shown as U+FFFD instead.
+_UNPAIRED = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(slots=True)
@@ -114,8 +118,13 @@ class ChatStream:
         question asked the moment ``done`` arrives is not refused."""
         if not self.slot_released:
             self.slot_released = True
+            if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
+                return  # no slots to give back: no trip to a thread
             owner_key, request_id = self.identity.owner_key, self.exchange.request_id
-            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+            if cache_in_process():
+                chat_release(owner_key=owner_key, request_id=request_id)  # microseconds
+            else:
+                await run_db(chat_release, owner_key=owner_key, request_id=request_id)
 
 
 async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
@@ -294,10 +303,9 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
                 continue
             if not timings.tokens:
                 timings.engine_first_delta = now()
-            stream.answer.append(delta.text)
-            yield sse.encode_json_event(
-                {"text": delta.text}, event="token", id=str(timings.tokens + 1)
-            )
+            text = _UNPAIRED.sub("\ufffd", delta.text)
+            stream.answer.append(text)
+            yield sse.encode_json_event({"text": text}, event="token", id=str(timings.tokens + 1))
             timings.token_sent(now())
             stream.save_question()
             if connection is not None and connection.unsent() > max_unsent:
@@ -378,6 +386,7 @@ async def _answer_persist(stream: ChatStream) -> None:
         status=status,
         finish_reason=stream.finish_reason or stream.outcome,
     )
-    rows.records.append(stream_record(stream))
-    # Written after the question by the same writer; if the question failed, so does this.
-    await rows_store(rows)
+    # Written after the question by the same writer; if the question failed, so does this. The
+    # record is submitted apart (usually in the same transaction): a request id used twice must
+    # not cost the answer.
+    await asyncio.gather(rows_store(rows), rows_store(Rows(records=[stream_record(stream)])))

@@ -100,14 +100,20 @@ async def test_cancelling_the_consumer_stops_decoding(engine: LlamaCppEngine) ->
 async def test_concurrent_requests_are_served_one_at_a_time_in_arrival_order(
     engine: LlamaCppEngine,
 ) -> None:
-    """Three requests started together are answered whole, one after another, in order."""
+    """Three requests started together are answered whole, one after another, in order; while
+    they wait, they are told their place in line (1 is next)."""
     events: list[tuple[str, int]] = []
+    places: dict[int, list[int]] = {0: [], 1: [], 2: []}
     params = GenerationParams(max_tokens=12, temperature=0.0)
 
     async def consume(index: int) -> str:
         pieces: list[str] = []
         async with aclosing(engine.stream(SHORT, params)) as deltas:
             async for delta in deltas:
+                if delta.queue_position is not None:
+                    assert not pieces and not delta.text
+                    places[index].append(delta.queue_position)
+                    continue
                 if not pieces:
                     events.append(("first", index))
                 pieces.append(delta.text)
@@ -127,6 +133,12 @@ async def test_concurrent_requests_are_served_one_at_a_time_in_arrival_order(
         ("finish", 2),
     ]
     assert all(answer.strip() for answer in answers), answers
+    # The last one waited through two answers, so it heard where it stood; places only count
+    # down, never past the requests really ahead.
+    assert places[2], places
+    assert all(
+        p == sorted(p, reverse=True) and all(1 <= x <= i for x in p) for i, p in places.items()
+    ), places
 
 
 async def test_queue_depth_counts_requests_waiting_behind_the_running_one(

@@ -8,19 +8,14 @@ exact bytes. Bounds on time are generous sanity checks for a busy two-core machi
 """
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from assistant.engines import Delta, EngineError, EngineUnavailable, GenerationParams
-from assistant.engines.llamacpp import default_model_path
 from assistant.engines.openai_http import OpenAIHTTPEngine
 from tests.assistant.engines.helpers import (
     GREEDY,
@@ -29,74 +24,19 @@ from tests.assistant.engines.helpers import (
     close_early_then_ask,
     collect,
 )
-from tests.support import CountingProxy, free_port
-
-
-@dataclass(frozen=True)
-class ModelServer:
-    base_url: str
-    model: str
-    log: Path
-
-
-def wait_for_models(process: subprocess.Popen[bytes], base_url: str, log: Path) -> str:
-    """The id of the first model the server lists, once it answers /v1/models."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        try:
-            response = httpx.get(f"{base_url}/models", timeout=2)
-        except httpx.TransportError:
-            time.sleep(0.1)
-            continue
-        if response.status_code == 200:
-            return str(response.json()["data"][0]["id"])
-        time.sleep(0.1)
-    raise RuntimeError(f"the model server did not start:\n{log.read_text(errors='replace')}")
+from tests.support import CountingProxy, ModelServer, free_port
 
 
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
     """``python -m llama_cpp.server`` with SmolLM2 on a free loopback port, for the module."""
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}/v1"
     log = tmp_path_factory.mktemp("model-server") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(default_model_path()),
-        "--model_alias",
-        "smollm2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "2048",
-        "--n_threads",
-        "1",
-        "--n_threads_batch",
-        "1",
-        "--interrupt_requests",
-        "False",
-        "--verbose",
-        "False",
-    ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    extra = ("--n_threads_batch", "1", "--interrupt_requests", "False")
+    server = ModelServer(log, threads=1, extra=extra)
     try:
-        model = wait_for_models(process, base_url, log)
-        yield ModelServer(base_url=base_url, model=model, log=log)
+        yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        server.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,263 @@
+"""Model output is untrusted: whatever the model says reaches the page as the text it is.
+
+The scripted engine sends chosen tokens (``text='<JSON list>'`` in its directive): markup that
+would run script if it were rendered as it came, and Server-Sent Events syntax that would forge
+or end events if it were written onto the wire as it came. In headless Chromium, nothing runs and
+no dangerous markup survives in the rendered answer, checked once with the page's
+Content-Security-Policy turned off (the sanitiser alone) and once with it on; over raw HTTP,
+every token arrives as one event whose data is one line of JSON that decodes to exactly that
+token.
+"""
+
+from collections.abc import Callable
+from itertools import accumulate
+
+import pytest
+from playwright.sync_api import Locator, Page, expect
+
+from assistant.models import Message
+from tests.assistant.test_fuzz import directive, eventually, stream_answer
+from tests.frontend.test_chat_page import ask as ask_question
+from tests.support import ChatClient
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ANSWERS = "#messages .message.assistant"
+SANITISER = "/static/vendor/dompurify/purify.es.mjs"
+STREAM_URLS = ("/api/chat/stream/direct", "/api/chat/stream/django")
+
+#: Markup that runs script when rendered unsanitised; each payload sets ``window.__pwned``.
+SCRIPT_TOKENS = [
+    "Here you go. ",
+    "<b>bold stays</b>",
+    "\n\n**markdown** still renders\n\n",
+    "<script>window.__pwned=1</script>",
+    '<img src=x onerror="window.__pwned=2">',
+    " [click](javascript:window.__pwned=3) ",
+    '<a href="javascript:window.__pwned=4">a link</a>',
+    '<svg onload="window.__pwned=5"><circle r="1"/></svg>',
+    '<iframe srcdoc="<script>parent.__pwned=6</script>"></iframe>',
+    "\n\n",
+    '<div onmouseover="window.__pwned=7">**bold** inside raw HTML</div>',
+    "\n\n",
+    "[mixed case](JaVaScRiPt:window.__pwned=8) ",
+    '<a href="&#106;avascript:window.__pwned=9">entity-encoded scheme</a> ',
+    '![image](x" onerror="window.__pwned=10) ',
+    '<details open ontoggle="window.__pwned=11"><summary>s</summary></details>',
+    '<form action="javascript:window.__pwned=12"><button>go</button></form>',
+    '<object data="javascript:window.__pwned=15"></object>',
+    '<embed src="javascript:window.__pwned=16">',
+    '<input autofocus onfocus="window.__pwned=17">',
+    '<video><source onerror="window.__pwned=18"></video>',
+    '<a href="data:text/html,<script>parent.__pwned=19</script>">data URL</a>',
+    '<meta http-equiv="refresh" content="0;url=javascript:window.__pwned=20">',
+    '<base href="javascript:window.__pwned=21//">',
+    # A tag split across tokens, as a model may well produce it.
+    "<scr",
+    "ipt>window.__pwned=22</scr",
+    "ipt>",
+    "<img src=x on",
+    'error="window.__pwned=23">',
+    "\n\n[a reference][r]\n\n[r]: javascript:window.__pwned=24\n\n",
+    # Last: unclosed elements that swallow whatever follows them.
+    '<noscript><p title="</noscript><img src=x onerror=window.__pwned=14>">',
+    '<math><mtext><table><mglyph><style><img src=x onerror="window.__pwned=13">',
+]
+
+#: Server-Sent Events syntax inside tokens: it must arrive as literal text, one token each.
+SSE_TOKENS = [
+    "Before",
+    '\n\ndata: {"text":"INJECTED"}\n\n',
+    " middle",
+    "\r",
+    "event: done\n",
+    ": comment",
+    "\r\n",
+    "id: 99\nretry: 1\n\n",
+    "data:",
+    "\n\n\n",
+    " after.",
+]
+
+# Records, for each answer bubble, the text it showed while streaming (one entry each time the
+# page put a token on screen) and whether streaming ended. Installed from the test, so the page's
+# own code is unchanged.
+RECORD_STREAMING = """() => {
+    window.__answers = [];
+    const byBubble = new Map();
+    const messages = document.getElementById('messages');
+    new MutationObserver((records) => {
+        for (const r of records) {
+            const bubble = r.target.closest && r.target.closest('.message.assistant');
+            if (!bubble) continue;
+            if (!byBubble.has(bubble)) {
+                const entry = {texts: [], ended: false};
+                byBubble.set(bubble, entry);
+                window.__answers.push(entry);
+            }
+            const entry = byBubble.get(bubble);
+            if (entry.ended) continue;
+            if (r.type === 'attributes') {
+                if ((r.oldValue || '').split(' ').includes('streaming')) entry.ended = true;
+            } else if (r.target.classList.contains('body') && r.addedNodes.length === 1
+                       && r.addedNodes[0].nodeType === Node.TEXT_NODE) {
+                entry.texts.push(r.addedNodes[0].data);
+            }
+        }
+    }).observe(messages, {
+        childList: true, subtree: true, attributes: true,
+        attributeFilter: ['class'], attributeOldValue: true,
+    });
+    window.__violations = [];
+    document.addEventListener('securitypolicyviolation', (e) => {
+        window.__violations.push({directive: e.violatedDirective, source: e.sourceFile});
+    });
+}"""
+
+# Everything in a bubble that could run script or load a document: elements that should never
+# be there, event handler attributes, and URLs with a script or document scheme, read both as
+# written and as the browser resolved them.
+DANGEROUS_IN_BUBBLE = """(el) => {
+    const found = [];
+    const scheme = /^[\\s\\u0000-\\u001f]*(javascript|vbscript|data:text\\/html)/i;
+    const banned = ['SCRIPT', 'IFRAME', 'FRAME', 'OBJECT', 'EMBED', 'META', 'BASE', 'LINK',
+                    'NOSCRIPT'];
+    for (const node of el.querySelectorAll('*')) {
+        if (banned.includes(node.tagName.toUpperCase())) found.push(node.outerHTML);
+        for (const a of node.attributes) {
+            const name = a.name.toLowerCase();
+            if (name.startsWith('on') || name === 'srcdoc' || scheme.test(a.value)) {
+                found.push(`${node.tagName} ${a.name}=${a.value}`);
+            }
+        }
+        for (const prop of ['href', 'src', 'action', 'formAction', 'data']) {
+            const value = node[prop];
+            if (typeof value === 'string' && /^(javascript|vbscript):/i.test(value)) {
+                found.push(`${node.tagName}.${prop}=${value}`);
+            }
+        }
+    }
+    return found;
+}"""
+
+
+def ask(page: Page, question: str) -> Locator:
+    """Send ``question`` as a student would and return its answer bubble, once finished."""
+    before = page.locator(ANSWERS).count()
+    answer = ask_question(page, question)
+    page.wait_for_function(
+        "(i) => window.__answers[i] && window.__answers[i].ended", arg=before, timeout=15_000
+    )
+    return answer
+
+
+def streamed(page: Page, index: int) -> list[str]:
+    """What the ``index``-th answer showed, token after token, while it streamed."""
+    return page.evaluate("(i) => window.__answers[i].texts", index)
+
+
+def open_recording(open_chat: Callable[..., Page], *, bypass_csp: bool) -> Page:
+    page = open_chat(bypass_csp=bypass_csp)
+    page.evaluate(RECORD_STREAMING)
+    return page
+
+
+def assert_inert(page: Page, answer: Locator, start_url: str) -> None:
+    """Nothing ran, nothing dangerous is in the answer, the page did not navigate."""
+    page.wait_for_function(
+        "(el) => [...el.querySelectorAll('img')].every((img) => img.complete)"
+        " && document.readyState === 'complete'",
+        arg=answer.element_handle(),
+    )
+    assert page.evaluate("() => typeof window.__pwned") == "undefined"
+    assert answer.evaluate(DANGEROUS_IN_BUBBLE) == []
+    assert page.url == start_url
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("bypass_csp", [True, False], ids=["sanitiser-alone", "with-csp"])
+def test_script_in_the_answer_never_runs(open_chat: Callable[..., Page], bypass_csp: bool) -> None:
+    """Script-bearing markup, whole or split across tokens, is shown while streaming as the
+    exact text sent, then rendered sanitised: no handler, no script URL, nothing runs, live or
+    reopened from the history. With the CSP on, the sanitised answer does not even try
+    anything the policy would have to block."""
+    page = open_recording(open_chat, bypass_csp=bypass_csp)
+    start_url = page.url
+    answer = ask(page, directive(SCRIPT_TOKENS, itl_ms=2))
+
+    assert streamed(page, 0) == list(accumulate(SCRIPT_TOKENS))
+    expect(answer.locator(".note")).to_have_count(0)
+    expect(page.locator("#status")).to_have_text("")
+    body = answer.locator(".body")
+    # Markdown and harmless markup are still rendered.
+    expect(body.locator("b")).to_have_text("bold stays")
+    expect(body.locator("strong")).to_have_text("markdown")
+    expect(body).to_contain_text("Here you go.")
+    assert_inert(page, answer, start_url)
+    if not bypass_csp:
+        # DOMPurify parses the markup in an inert document, where Chromium reports the inline
+        # handlers it would refuse; nothing in the page itself needed the policy.
+        violations = page.evaluate("() => window.__violations")
+        assert all(v["source"].endswith(SANITISER) for v in violations), violations
+
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    page.locator("#conversations button").first.click()
+    stored = page.locator(ANSWERS).first
+    expect(stored.locator(".body b")).to_have_text("bold stays")
+    assert_inert(page, stored, start_url)
+
+
+@pytest.mark.browser
+def test_event_stream_syntax_in_the_answer_is_shown_as_text(
+    open_chat: Callable[..., Page],
+) -> None:
+    """Tokens that look like SSE fields, comments and frame ends arrive one event each, as
+    the literal text sent: nothing extra (no "INJECTED" token), nothing lost, and the answer
+    ends normally rather than at a forged ``event: done``."""
+    page = open_recording(open_chat, bypass_csp=True)
+    answer = ask(page, directive(SSE_TOKENS, itl_ms=2))
+
+    shown = streamed(page, 0)
+    assert shown == list(accumulate(SSE_TOKENS)), shown
+    expect(answer.locator(".note")).to_have_count(0)
+    expect(page.locator("#status")).to_have_text("")
+    # Rendered as markdown: the forged fields are paragraphs of text, in order.
+    text = answer.locator(".body").inner_text()
+    for part in ('data: {"text":"INJECTED"}', "event: done", ": comment", "id: 99", "after."):
+        assert part in text, (part, text)
+    assert text.index("Before") < text.index("INJECTED") < text.index("after.")
+
+
+@pytest.mark.parametrize("url", STREAM_URLS)
+@pytest.mark.parametrize(
+    "tokens", [SCRIPT_TOKENS, SSE_TOKENS], ids=["script-markup", "event-stream-syntax"]
+)
+def test_each_token_is_one_line_of_json_on_the_wire(
+    chat_client: ChatClient, url: str, tokens: list[str]
+) -> None:
+    """On both serving paths, each token event's data is a single line of JSON that decodes
+    to exactly the token sent, and the stream ends with the one real ``done``."""
+    response = chat_client.raw({"message": directive(tokens)}, path=url)
+    assert response.status == 200
+    body = response.body()
+    answer = stream_answer(body)
+    assert answer.tokens == tokens
+    assert answer.end == "done" and answer.end_data["tokens"] == len(tokens)
+    assert body.count(b"\nevent: done\n") == 1
+
+
+@pytest.mark.parametrize("url", STREAM_URLS)
+def test_a_lone_surrogate_from_the_model_does_not_end_the_answer(
+    chat_client: ChatClient, url: str
+) -> None:
+    """A token holding half of a surrogate pair (a model or upstream server can send one as a
+    JSON escape) cannot be written as UTF-8; it still goes out, escaped or replaced, the
+    tokens around it and the ``done`` follow, and the answer is saved."""
+    tokens = ["Half ", chr(0xD800), " a pair."]
+    response = chat_client.raw({"message": directive(tokens)}, path=url)
+    answer = stream_answer(response.body())
+    assert answer.end == "done", answer.end_data
+    assert answer.tokens[0] == "Half " and answer.tokens[2] == " a pair."
+    assert answer.tokens[1] in {chr(0xD800), "\N{REPLACEMENT CHARACTER}"}
+    assert eventually(lambda: Message.objects.filter(id=answer.meta["message"]).exists())
