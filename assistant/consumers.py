@@ -27,7 +27,7 @@ from assistant.services.chat_request import request_id_choose
 from assistant.services.frames import Heartbeat, ping_interval, server_error_frame
 from assistant.services.resume import ResumableStream, resumable_open
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import chat_stream_body
+from assistant.services.streaming import ChatStream, chat_stream_body
 from assistant.services.timings import StreamTimings, received_at
 from assistant.transport import scope_connection
 
@@ -49,6 +49,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.response_started = False
         #: The answer's frames, kept for a resume after a network drop.
         self.resumable: ResumableStream | None = None
+        self.stream: ChatStream | None = None
         #: The client is gone; the answer goes on into ``resumable`` only.
         self.detached = False
 
@@ -88,8 +89,11 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         if task is not None and not task.done():
             resumable = self.resumable
             if resumable is not None and not resumable.finished:
-                # The answer goes on for the grace period, for the page to resume it.
+                # The answer goes on for the grace period (none: it stops at once), for the page
+                # to resume it; the connection is gone, so nothing reads its buffers any more.
                 self.detached = True
+                if self.stream is not None:
+                    self.stream.connection = None
                 background.adopt(task)
                 resumable.detach()
             else:
@@ -118,7 +122,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         except Exception:
             logger.exception("Chat stream crashed")
             if not self.response_started:
-                await self.send_error(errors.ENGINE_FAILED.with_message("The server failed."))
+                await self.send_error(errors.SERVER_FAILED)
             else:
                 await self.send_body(server_error_frame(), more_body=False)
 
@@ -145,11 +149,11 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
 
         self.response_started = True
+        self.stream = stream
         resumable = self.resumable = resumable_open(
             request_id=request_id, owner_key=stream.identity.owner_key, stop=self.stop_answer
         )
-        if resumable is not None:
-            resumable.attach()  # this response is its first listener
+        resumable.attach()  # this response is its first listener
         heartbeat = Heartbeat(self.send_frame, ping_interval())
         beating: asyncio.Task[None] | None = None
         try:
@@ -158,8 +162,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             beating = asyncio.create_task(heartbeat.run())
             async with aclosing(chat_stream_body(stream)) as frames:
                 async for frame in frames:
-                    if resumable is not None:
-                        resumable.append(frame)
+                    resumable.append(frame)
                     if not self.detached:
                         await self.send_body(frame, more_body=True)
                         heartbeat.beat()
@@ -169,8 +172,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             try:
                 await stream.aclose()
             finally:
-                if resumable is not None:
-                    resumable.finish()
+                resumable.finish()
         if not self.detached:
             await self.send_body(b"", more_body=False)
 

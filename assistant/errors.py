@@ -56,6 +56,7 @@ BAD_HOST = ApiError(400, "bad_host", "This host name is not served here.")
 ENGINE_UNAVAILABLE = ApiError(
     503, "engine_unavailable", "The model is not available right now. Please try again shortly."
 )
+SERVER_FAILED = ApiError(500, "server_error", "The server failed. Please try again.")
 ENGINE_FAILED = ApiError(500, "engine_error", "The model stopped unexpectedly. Please try again.")
 BEACON_INVALID = ApiError(400, "beacon_invalid", "The measurement report is not valid.")
 BEACON_UNKNOWN = ApiError(404, "beacon_unknown", "No such request.")

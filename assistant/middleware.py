@@ -1,9 +1,10 @@
-"""Middleware that keeps the Django serving path fully async and its event streams unbuffered.
+"""Middleware that keeps the Django serving path's event streams unbuffered and spares it the
+worst thread hops.
 
-Django runs a stack with one sync-only middleware by hopping every request onto its single
-thread-sensitive executor and back, the queue that a streaming endpoint must never wait in.
-WhiteNoise's middleware is sync-only, so it is wrapped: static paths are served by it on a worker
-thread; everything else goes straight on, without a thread hop.
+Django runs a sync-only middleware in an async stack on its thread-sensitive executor for every
+request. WhiteNoise's middleware is sync-only, so it is wrapped: static paths are served by it on
+a worker thread; everything else goes straight on. (Django's own ``MiddlewareMixin`` hooks still
+cost their hops under ASGI: see docs/serving.md.)
 """
 
 from collections.abc import Awaitable, Callable

@@ -8,6 +8,7 @@ to the end first). Only the transport differs: same bytes, same records, same ti
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from django.conf import settings
@@ -19,15 +20,17 @@ from assistant.errors import Rejected
 from assistant.selectors import answer_saved
 from assistant.services import background
 from assistant.services.chat_request import request_id_choose, request_id_valid
-from assistant.services.frames import frames_with_pings, ping_interval
+from assistant.services.frames import ping_interval
 from assistant.services.identity import owner_key_for
 from assistant.services.resume import resumable_find, resumable_open
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import chat_stream_body, chat_stream_into
+from assistant.services.streaming import chat_stream_into
 from assistant.services.timings import StreamTimings, received_at
 from assistant.transport import scope_connection
 
 PATH_NAME = "django"
+
+logger = logging.getLogger(__name__)
 
 
 def api_error(
@@ -62,18 +65,19 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
         )
     except Rejected as rejected:
         return api_error(rejected.error, rejected.headers())
+    except Exception:
+        logger.exception("Chat stream crashed before it started")
+        return api_error(errors.SERVER_FAILED)
+    # The answer runs on its own task into its buffer; this response is its first listener,
+    # and a page that lost it can resume from the buffer (chat_resume). The task stops the
+    # answer and stores it whatever happens to the response.
     resumable = resumable_open(
         request_id=request_id, owner_key=stream.identity.owner_key, stop=lambda: None
     )
-    if resumable is None:
-        body = frames_with_pings(chat_stream_body(stream), ping_interval())
-    else:
-        # The answer runs on its own task into the buffer; this response is its first listener,
-        # and a page that lost it can resume from the buffer (chat_resume).
-        answering = asyncio.create_task(chat_stream_into(stream, resumable))
-        background.adopt(answering)
-        resumable.stop = answering.cancel
-        body = resumable.listen(0, ping_interval())
+    answering = asyncio.create_task(chat_stream_into(stream, resumable))
+    background.adopt(answering)
+    resumable.stop = answering.cancel
+    body = resumable.listen(0, ping_interval())
     return event_stream(body, request_id, stream.identity.set_cookie)
 
 

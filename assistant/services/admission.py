@@ -42,7 +42,7 @@ def chat_admit(*, owner_key: str, request_id: str) -> None:
     # the student asked something new instead.
     for key in keys:
         holder = cache.get(key)
-        if holder is not None and resumable_preempt(holder):
+        if holder is not None and resumable_preempt(owner_key=owner_key, request_id=holder):
             cache.set(key, request_id, timeout=SLOT_TTL_S)
             return
     raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)

@@ -106,11 +106,23 @@ def breaker_evaluate(*, now: datetime | None = None) -> BreakerEvent | None:
     """
     config = settings.CHATSITE_BREAKER
     now = now or timezone.now()
+    recent = timedelta(seconds=config["EVALUATE_S"] / 2)
+
+    def idle(state: ServingState) -> bool:
+        just_done = state.evaluated_at is not None and now - recent < state.evaluated_at <= now
+        nothing_to_watch = state.mode != Mode.AUTO or (
+            state.breaker == Breaker.CLOSED and split_from(state).percent <= 0
+        )
+        return just_done or nothing_to_watch
+
+    # Looked at without a lock first: most of the time another process has just evaluated, or
+    # no candidate traffic is configured, and then nothing is locked or written.
+    if idle(serving_state_get()):
+        return None
     with transaction.atomic():
         state = serving_state_get(for_update=True)
-        recent = timedelta(seconds=config["EVALUATE_S"] / 2)
-        if state.evaluated_at is not None and now - recent < state.evaluated_at <= now:
-            return None  # another process has just done it
+        if idle(state):
+            return None
         state.evaluated_at = now
         event = _breaker_step(state, now)
         state.save(update_fields=["breaker", "breaker_since", "evaluated_at"])

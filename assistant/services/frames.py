@@ -1,13 +1,11 @@
 """The frames of a chat stream that are not the engine's words, and keeping a quiet stream alive.
 
-Encoding on top of ``assistant.sse``, plus the two ways pings are sent: a ``Heartbeat`` task
-beside a loop of sends (the Channels consumer), or ``frames_with_pings`` merged into one iterator
-(a Django streaming response).
+Encoding on top of ``assistant.sse``, and the ``Heartbeat`` that pings beside a loop of sends
+(the Channels consumer; a resumable stream's listeners ping from its buffer instead).
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
@@ -59,42 +57,3 @@ PING = sse.encode_comment("ping")
 
 def ping_interval() -> float:
     return float(settings.CHATSITE_STREAM["PING_INTERVAL"])
-
-
-async def frames_with_pings(frames: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """``frames`` with ``: ping`` whenever nothing came for ``interval`` seconds, as one iterator
-    (for a response that is an iterator, such as Django's ``StreamingHttpResponse``).
-
-    One task per stream pulls the frames into a one-slot queue; the reader waits on the queue
-    with a timeout, which never interrupts the engine. Closing this iterator stops the puller.
-    """
-    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=1)
-
-    async def pull() -> None:
-        try:
-            async with aclosing(frames) as source:  # type: ignore[type-var]
-                async for frame in source:
-                    await queue.put(frame)
-        except Exception as exc:
-            await queue.put(exc)
-            return
-        await queue.put(None)
-
-    puller = asyncio.create_task(pull())
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(interval):
-                    item = await queue.get()
-            except TimeoutError:
-                yield PING
-                continue
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        if not puller.done():
-            puller.cancel()
-        await asyncio.wait({puller})

@@ -126,6 +126,15 @@ class GroupWriter:
     async def _flush(self, batch: list[tuple[Rows, asyncio.Future[None]]]) -> None:
         try:
             await _write_retrying([rows for rows, _ in batch])
+        except (OperationalError, InterfaceError):
+            # Unreachable for the whole retry budget: every row in the batch is lost alike
+            # (retrying them one by one would hold the writer for the budget again each).
+            for rows, done in batch:
+                if not done.done():
+                    done.set_exception(_failure(rows))
+                logger.error("Could not store %s: the database stayed unreachable", _describe(rows))
+                metrics.PERSISTENCE_FAILURES.labels("lost").inc()
+            return
         except Exception:
             if len(batch) > 1:
                 # One bad row must not lose the others: retry them one by one.

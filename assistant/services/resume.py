@@ -50,10 +50,8 @@ class ResumableStream:
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
     def append(self, frame: bytes) -> None:
-        """Keep ``frame`` (pings are not kept). Past ``RESUME_MAX_BYTES`` nothing more is kept,
-        and a later resume is refused: the answer is then in the database when it ends."""
-        if frame is PING:
-            return
+        """Keep ``frame``. Past ``RESUME_MAX_BYTES`` nothing more is kept, and a later resume is
+        refused: the answer is then in the database when it ends."""
         self.size += len(frame)
         if self.size <= settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]:
             self.frames.append(frame)
@@ -67,7 +65,12 @@ class ResumableStream:
         self._cancel_grace()
         self._wake()
         keep = settings.CHATSITE_STREAM["RESUME_KEEP_S"]
-        asyncio.get_running_loop().call_later(keep, _registry.pop, self.request_id, None)
+        asyncio.get_running_loop().call_later(keep, self._forget)
+
+    def _forget(self) -> None:
+        key = (self.owner_key, self.request_id)
+        if _registry.get(key) is self:  # a request id may be reused by a later stream
+            del _registry[key]
 
     @property
     def complete(self) -> bool:
@@ -82,7 +85,7 @@ class ResumableStream:
             return
         grace = settings.CHATSITE_STREAM["RESUME_GRACE_S"]
         self._cancel_grace()
-        self._grace = asyncio.get_running_loop().call_later(grace, self._expire)
+        self._grace = asyncio.get_running_loop().call_later(max(grace, 0), self._expire)
 
     def attach(self) -> None:
         self.listeners += 1
@@ -93,7 +96,12 @@ class ResumableStream:
         if self.listeners == 0 and not self.finished:
             logger.info("Nobody resumed %s in time; stopping it", self.request_id)
             # From now on a resume gets the saved (partial) answer instead.
-            _registry.pop(self.request_id, None)
+            self._forget()
+            self.stop()
+
+    def _preempted(self) -> None:
+        if self.listeners == 0 and not self.finished:
+            self._forget()
             self.stop()
 
     def _cancel_grace(self) -> None:
@@ -134,34 +142,31 @@ class ResumableStream:
             self.detach()
 
 
-_registry: dict[str, ResumableStream] = {}
+_registry: dict[tuple[str, str], ResumableStream] = {}
 
 
-def resumable_preempt(request_id: str) -> bool:
-    """From any thread: stop ``request_id`` if this process runs it and nobody listens to it
-    (its student moved on to a new question). True when it was stopped."""
-    stream = _registry.get(request_id)
+def resumable_preempt(*, owner_key: str, request_id: str) -> bool:
+    """From any thread: stop ``request_id`` if this process runs it for ``owner_key`` and nobody
+    listens to it (its student moved on to a new question). True when it was stopped."""
+    stream = _registry.get((owner_key, request_id))
     if stream is None or stream.listeners > 0 or stream.finished:
         return False
-    _registry.pop(request_id, None)
-    stream._loop.call_soon_threadsafe(stream.stop)
+    stream._loop.call_soon_threadsafe(stream._preempted)
     return True
 
 
-def resumable_open(
-    *, request_id: str, owner_key: str, stop: Callable[[], None]
-) -> ResumableStream | None:
-    """Start keeping ``request_id``'s frames, unless resuming is off (grace 0)."""
-    if settings.CHATSITE_STREAM["RESUME_GRACE_S"] <= 0:
-        return None
+def resumable_open(*, request_id: str, owner_key: str, stop: Callable[[], None]) -> ResumableStream:
+    """Start keeping ``request_id``'s frames. With resuming off (grace 0) nobody can find it,
+    and the answer stops as soon as its listener leaves."""
     stream = ResumableStream(request_id=request_id, owner_key=owner_key, stop=stop)
-    _registry[request_id] = stream
+    if settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0:
+        _registry[(owner_key, request_id)] = stream
     return stream
 
 
 def resumable_find(*, request_id: str, owner_key: str) -> ResumableStream | None:
     """The stream to resume, if it is still kept, complete, and ``owner_key``'s."""
-    stream = _registry.get(request_id)
-    if stream is None or stream.owner_key != owner_key or not stream.complete:
+    stream = _registry.get((owner_key, request_id))
+    if stream is None or not stream.complete:
         return None
     return stream

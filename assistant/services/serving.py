@@ -208,12 +208,9 @@ async def _serving_loop(loaded: asyncio.Future[None]) -> None:
     config = settings.CHATSITE_SERVING
     every = settings.CHATSITE_BREAKER["EVALUATE_S"]
     loop = asyncio.get_running_loop()
-    next_evaluation = loop.time()
+    next_evaluation = loop.time() + every
     while True:
         try:
-            if loop.time() >= next_evaluation:
-                next_evaluation = loop.time() + every
-                await run_db_write(breaker_evaluate)
             _current.split = await run_db(split_load)
         except asyncio.CancelledError:
             raise
@@ -221,7 +218,15 @@ async def _serving_loop(loaded: asyncio.Future[None]) -> None:
             # The database is down or busy: keep routing by the last copy, try again later.
             logger.exception("Could not refresh the serving split")
         if not loaded.done():
-            loaded.set_result(None)
+            loaded.set_result(None)  # the first request waits for this one read, no more
+        try:
+            if loop.time() >= next_evaluation:
+                next_evaluation = loop.time() + every
+                await run_db_write(breaker_evaluate)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("Could not evaluate the serving breaker")
         await asyncio.sleep(config["REFRESH_S"])
 
 

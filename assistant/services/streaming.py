@@ -121,10 +121,13 @@ class ChatStream:
             if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
                 return  # no slots to give back: no trip to a thread
             owner_key, request_id = self.identity.owner_key, self.exchange.request_id
-            if cache_in_process():
-                chat_release(owner_key=owner_key, request_id=request_id)  # microseconds
-            else:
-                await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+            try:
+                if cache_in_process():
+                    chat_release(owner_key=owner_key, request_id=request_id)  # microseconds
+                else:
+                    await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+            except Exception:  # the slot frees itself after SLOT_TTL_S; the answer is fine
+                logger.exception("Could not give back the stream slot of %s", request_id)
 
 
 async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
@@ -216,7 +219,9 @@ async def chat_stream_open(
             timings.engine_submitted = now()
             pending = asyncio.ensure_future(anext(deltas))
             try:
-                identity = await identity_found
+                # Shielded: if this request is cancelled meanwhile, the lookup (which may take
+                # a stream slot) still finishes, and _release_once_known gives the slot back.
+                identity = await asyncio.shield(identity_found)
             except BaseException:
                 _release_once_known(identity_found, request_id)
                 await _engine_stop(pending, deltas)
@@ -226,7 +231,7 @@ async def chat_stream_open(
                 run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
             )
             try:
-                identity, history = await found
+                identity, history = await asyncio.shield(found)
             except ConversationNotFound:
                 raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
             except BaseException:
@@ -282,7 +287,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         yield meta_frame(stream)
         config = settings.CHATSITE_STREAM
         first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
-        connection, max_unsent = stream.connection, config["MAX_UNSENT_BYTES"]
+        max_unsent = config["MAX_UNSENT_BYTES"]
         while True:
             limit = next_limit if timings.tokens else first_limit
             try:
@@ -308,6 +313,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
             yield sse.encode_json_event({"text": text}, event="token", id=str(timings.tokens + 1))
             timings.token_sent(now())
             stream.save_question()
+            connection = stream.connection  # None once the client is gone (resume grace)
             if connection is not None and connection.unsent() > max_unsent:
                 raise SlowClient(f"{connection.unsent()} bytes unread")
         stream.outcome = "ok"
@@ -340,8 +346,11 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         logger.warning(
             "Dropped a client that stopped reading %s: %s", stream.exchange.request_id, exc
         )
-        if connection is not None:
-            connection.abort()
+        if stream.connection is not None:
+            stream.connection.abort()
+        await stream.release_slot()
+        # Kept for a resume (which then ends here), never reaches the aborted connection.
+        yield error_frame("slow_client", "The connection could not keep up with the answer.")
     except Exception:
         stream.outcome = stream.finish_reason = "server_error"
         raise
