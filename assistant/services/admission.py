@@ -5,6 +5,8 @@ Both live in Django's cache (Redis in the production profile, so every worker co
 Synchronous: call through ``assistant.db.run_db``.
 """
 
+import asyncio
+
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.locmem import LocMemCache
@@ -18,6 +20,8 @@ from assistant.services.resume import resumable_preempt
 SLOT_TTL_S = 120
 #: What the page is told to wait when all of a student's slots are taken.
 SLOT_RETRY_AFTER_S = 5
+#: How long a request waits for a slot being given back before it is refused.
+SLOT_WAIT_S = 1.0
 
 
 def _slot_keys(owner_key: str) -> list[str]:
@@ -25,27 +29,46 @@ def _slot_keys(owner_key: str) -> list[str]:
     return [f"chat:streaming:{owner_key}:{slot}" for slot in range(count)]
 
 
-def chat_admit(*, owner_key: str, request_id: str) -> None:
-    """Count this chat request against the owner's limits and take a stream slot, or raise
-    ``Rejected`` (429 with Retry-After)."""
+def chat_admit(*, owner_key: str, request_id: str) -> bool:
+    """Count this chat request against the owner's rate (``Rejected``, 429 with Retry-After,
+    when over it) and try to take a stream slot: False when all are taken (``chat_slot_wait``)."""
     limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
     retry_after = rate_limit_hit(scope="chat", key=owner_key, limit=limit, window_s=window)
     if retry_after is not None:
         raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
+    return chat_slot_take(owner_key=owner_key, request_id=request_id)
+
+
+async def chat_slot_wait(*, owner_key: str, request_id: str) -> None:
+    """Wait up to ``SLOT_WAIT_S`` for a stream slot (an answer that has just ended or been
+    left may still be giving its slot back), then refuse: 429 ``stream_active``."""
+    from assistant.db import run_db
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SLOT_WAIT_S
+    while loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        if await run_db(chat_slot_take, owner_key=owner_key, request_id=request_id):
+            return
+    raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
+
+
+def chat_slot_take(*, owner_key: str, request_id: str) -> bool:
+    """Take one of the owner's stream slots; True when taken (or when there are none)."""
     keys = _slot_keys(owner_key)
     if not keys:
-        return
+        return True
     for key in keys:
         if cache.add(key, request_id, timeout=SLOT_TTL_S):
-            return
+            return True
     # A slot held by an answer whose page went away (kept going for a resume) is taken over:
     # the student asked something new instead.
     for key in keys:
         holder = cache.get(key)
         if holder is not None and resumable_preempt(owner_key=owner_key, request_id=holder):
             cache.set(key, request_id, timeout=SLOT_TTL_S)
-            return
-    raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
+            return True
+    return False
 
 
 def cache_in_process() -> bool:

@@ -36,7 +36,12 @@ from assistant.engines import (
 from assistant.errors import Rejected
 from assistant.models import Message
 from assistant.services import background
-from assistant.services.admission import cache_in_process, chat_admit, chat_release
+from assistant.services.admission import (
+    cache_in_process,
+    chat_admit,
+    chat_release,
+    chat_slot_wait,
+)
 from assistant.services.chat_request import ChatTurn
 from assistant.services.conversations import (
     ConversationNotFound,
@@ -144,23 +149,23 @@ def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
     return [*head, *history, ChatMessage(role="user", content=question)]
 
 
-def _identity_admitted(session_key: str | None, request_id: str) -> Identity:
-    """Who is asking, if their limits allow another stream (else ``Rejected``, 429)."""
+def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, bool]:
+    """Who is asking, if their rate allows another stream (else ``Rejected``, 429), and
+    whether a stream slot was taken."""
     identity = identity_resolve(session_key)
-    chat_admit(owner_key=identity.owner_key, request_id=request_id)
-    return identity
+    return identity, chat_admit(owner_key=identity.owner_key, request_id=request_id)
 
 
 def _identity_and_history(
     session_key: str | None, conversation_id: uuid.UUID, request_id: str
-) -> tuple[Identity, list[ChatMessage]]:
-    identity = _identity_admitted(session_key, request_id)
+) -> tuple[Identity, bool, list[ChatMessage]]:
+    identity, slot_taken = _identity_admitted(session_key, request_id)
     try:
         history = _history(identity, conversation_id)
     except BaseException:
         chat_release(owner_key=identity.owner_key, request_id=request_id)
         raise
-    return identity, history
+    return identity, slot_taken, history
 
 
 def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
@@ -176,8 +181,9 @@ class SlowClient(Exception):
 
 
 def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
-    """The request is gone before its stream started: give back the stream slot that the
-    identity lookup (still running on its thread, perhaps) takes, once it has."""
+    """The request is gone or refused before its stream started: give back the stream slot
+    that the identity lookup (still running on its thread, perhaps) or the wait for one took,
+    once known (giving back a slot it does not hold changes nothing)."""
 
     async def release() -> None:
         try:
@@ -221,7 +227,9 @@ async def chat_stream_open(
             try:
                 # Shielded: if this request is cancelled meanwhile, the lookup (which may take
                 # a stream slot) still finishes, and _release_once_known gives the slot back.
-                identity = await asyncio.shield(identity_found)
+                identity, slot_taken = await asyncio.shield(identity_found)
+                if not slot_taken:
+                    await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
             except BaseException:
                 _release_once_known(identity_found, request_id)
                 await _engine_stop(pending, deltas)
@@ -231,7 +239,9 @@ async def chat_stream_open(
                 run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
             )
             try:
-                identity, history = await asyncio.shield(found)
+                identity, slot_taken, history = await asyncio.shield(found)
+                if not slot_taken:
+                    await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
             except ConversationNotFound:
                 raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
             except BaseException:
