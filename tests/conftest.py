@@ -1,3 +1,4 @@
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,32 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
         # No pool in this process: PostgreSQL would refuse to drop the test database at the end
         # while the pool holds connections to it.
         settings["OPTIONS"].pop("pool", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_retries_a_deadlock() -> Iterator[None]:
+    """PostgreSQL: the TRUNCATE that ends a transactional test can deadlock with a write a
+    server under test is still finishing (an answer stored after its client left), and
+    PostgreSQL then cancels one of the two. The flush is tried again instead of failing the
+    test it follows; the server's write is retried by the app itself."""
+    from django.core.management.commands import flush
+    from django.db import OperationalError
+
+    handle = flush.Command.handle
+
+    def handle_retrying(self, *args, **options):  # type: ignore[no-untyped-def]
+        for attempt in range(5):
+            try:
+                return handle(self, *args, **options)
+            except Exception as exc:  # CommandError wrapping the database's error
+                if not isinstance(exc.__cause__, OperationalError) or attempt == 4:
+                    raise
+                time.sleep(0.2)
+        return None
+
+    flush.Command.handle = handle_retrying  # type: ignore[method-assign]
+    yield
+    flush.Command.handle = handle  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

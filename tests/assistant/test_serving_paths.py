@@ -107,11 +107,13 @@ def test_the_split_routes_each_session_to_its_bucket_every_time(daphne_factory) 
 
 
 BREAKER_ENV = {
-    "CHATSITE_SCRIPTED_TTFT_MS": "20",
+    # Far enough apart that the django path's own overhead (tens of ms on a loaded machine)
+    # cannot blur them: 100 ms baseline, 400 ms candidate, 50 ms for the recovered candidate.
+    "CHATSITE_SCRIPTED_TTFT_MS": "100",
     "CHATSITE_SCRIPTED_ITL_MS": "0",
     "CHATSITE_SCRIPTED_TOKENS": "2",
     "CHATSITE_CANDIDATE_ENGINE": "scripted",
-    "CHATSITE_CANDIDATE_SCRIPTED_TTFT_MS": "150",
+    "CHATSITE_CANDIDATE_SCRIPTED_TTFT_MS": "400",
     "CHATSITE_CANDIDATE_SCRIPTED_ITL_MS": "0",
     "CHATSITE_CANDIDATE_SCRIPTED_TOKENS": "2",
     "CHATSITE_DJANGO_ENGINE_ALIAS": "candidate",
@@ -133,7 +135,7 @@ def test_a_slow_candidate_trips_the_breaker_for_every_process_then_recovers(
     groups = clients_by_path(first, 50, 4)
     slow, fast = groups["django"], groups["direct"]
 
-    # 7 streams a side: fewer than the minimum, so the 7x slower candidate cannot trip it yet.
+    # 7 streams a side: fewer than the minimum, so the 4x slower candidate cannot trip it yet.
     for i in range(7):
         assert paths_of(slow[i % 4], "Why?") == {"django"}
         assert paths_of(fast[i % 4], "Why?") == {"direct"}
@@ -159,7 +161,7 @@ def test_a_slow_candidate_trips_the_breaker_for_every_process_then_recovers(
     wait_for(lambda: BreakerEvent.objects.filter(kind="half_open").exists(), timeout=15)
     time.sleep(0.5)
     for i in range(4):
-        assert paths_of(slow[i], "[scripted ttft_ms=20 tokens=2] Why?") == {"django"}
+        assert paths_of(slow[i], "[scripted ttft_ms=50 tokens=2] Why?") == {"django"}
     closed = wait_for(lambda: BreakerEvent.objects.filter(kind="closed").first(), timeout=15)
     assert closed.breaker == "closed"
     for client in [*slow, *fast, on_second]:
