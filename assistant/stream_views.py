@@ -24,7 +24,7 @@ from assistant.services.frames import ping_interval
 from assistant.services.identity import owner_key_for
 from assistant.services.resume import resumable_find, resumable_open
 from assistant.services.stream_start import chat_stream_start
-from assistant.services.streaming import chat_stream_into
+from assistant.services.streaming import ChatStream, chat_stream_into
 from assistant.services.timings import StreamTimings, received_at
 from assistant.transport import scope_connection
 
@@ -77,8 +77,26 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     answering = asyncio.create_task(chat_stream_into(stream, resumable))
     background.adopt(answering)
     resumable.stop = answering.cancel
-    body = resumable.listen(0, ping_interval())
+    body = _reader_guarded(resumable.listen(0, ping_interval()), stream, answering)
     return event_stream(body, request_id, stream.identity.set_cookie)
+
+
+async def _reader_guarded(
+    frames: AsyncIterator[bytes], stream: ChatStream, answering: asyncio.Task[None]
+) -> AsyncIterator[bytes]:
+    """The response's frames; a client that leaves too much of them unread is dropped and its
+    answer stopped (the answer runs ahead into its buffer, so the check is made here, where
+    frames are written to the connection)."""
+    limit = settings.CHATSITE_STREAM["MAX_UNSENT_BYTES"]
+    async for frame in frames:
+        yield frame
+        connection = stream.connection
+        if connection is not None and connection.unsent() > limit:
+            stream.outcome = stream.finish_reason = "slow_client"
+            logger.warning("Dropped a client that stopped reading %s", stream.exchange.request_id)
+            connection.abort()
+            answering.cancel()
+            return
 
 
 def event_stream(
