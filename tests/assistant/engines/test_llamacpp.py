@@ -150,8 +150,9 @@ async def test_queue_depth_counts_requests_waiting_behind_the_running_one(
 
     async def consume(index: int) -> None:
         async with aclosing(engine.stream(SHORT, params)) as deltas:
-            async for _ in deltas:
-                depth_at_first.setdefault(index, engine.queue_depth())
+            async for delta in deltas:
+                if delta.queue_position is None:  # its first word, not its place in line
+                    depth_at_first.setdefault(index, engine.queue_depth())
 
     assert engine.queue_depth() == 0
     tasks = [asyncio.create_task(consume(i)) for i in range(3)]
