@@ -518,7 +518,9 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
             for streams in levels:
                 wait_for_quiet(args.max_wait_s, args.idle_wait_s)
                 burst = asyncio.run(page_burst(url, streams))
-                time.sleep(5)  # let the workers settle before the streams
+                # Let the workers settle, and nginx forget any worker the burst got marked as
+                # failed (fail_timeout: 10 s), before the streams.
+                time.sleep(15)
                 sizes = log_sizes(stack.work)
                 result = measure(
                     url,
