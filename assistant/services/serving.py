@@ -30,7 +30,6 @@ from assistant.models import BreakerEvent, ServingState
 logger = logging.getLogger(__name__)
 
 BUCKETS = 10_000
-PATHS = ("direct", "django")
 Mode = ServingState.Mode
 Breaker = ServingState.Breaker
 
@@ -228,15 +227,6 @@ async def _serving_loop(loaded: asyncio.Future[None]) -> None:
         except Exception:
             logger.exception("Could not evaluate the serving breaker")
         await asyncio.sleep(config["REFRESH_S"])
-
-
-def serving_reset() -> None:
-    """Forget this process's copy (tests, settings changes)."""
-    if _current.task is not None:
-        _current.task.cancel()
-    _current.split = None
-    _current.task = None
-    _current.loaded = None
 
 
 def engine_alias_for(path: str) -> str:
