@@ -74,6 +74,10 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     resumable = resumable_open(
         request_id=request_id, owner_key=stream.identity.owner_key, stop=lambda: None
     )
+    if stream.connection is not None:
+        # The answer writes into the buffer: frames waiting there are unread by the client too,
+        # so a reader that stalls is noticed while the answer is still being generated.
+        stream.connection = stream.connection.behind(resumable.unread)
     answering = asyncio.create_task(chat_stream_into(stream, resumable))
     background.adopt(answering)
     resumable.stop = answering.cancel

@@ -14,7 +14,7 @@ import logging
 import struct
 import termios
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -23,20 +23,36 @@ logger = logging.getLogger(__name__)
 CONNECTION_KEY = "chatsite.connection"
 
 
+def buffered_bytes(transport: Any) -> int:
+    """Bytes a Twisted ``FileDescriptor`` holds in memory, not yet handed to the kernel.
+
+    Twisted's private write buffers: ``dataBuffer`` from ``offset`` on, plus the pieces queued
+    in ``_tempDataBuffer`` (``_tempDataLen`` bytes). Twisted is bounded above in pyproject.toml,
+    and tests/assistant/test_contracts.py checks this against Twisted's own buffering.
+    """
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
 @dataclass(frozen=True, slots=True)
 class ClientConnection:
     transport: Any
     fd: int
+    #: Bytes of the stream produced but not yet written to this connection (a buffer between
+    #: the answer and the response), counted as unread too.
+    backlog: Callable[[], int] | None = None
 
     def unsent(self) -> int:
-        """Bytes written by the application that the client has not taken yet."""
-        transport = self.transport
-        buffered = len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+        """Bytes of the stream that the client has not taken yet."""
+        buffered = buffered_bytes(self.transport) + (self.backlog() if self.backlog else 0)
         try:
             packed = fcntl.ioctl(self.fd, termios.TIOCOUTQ, b"\0\0\0\0")
         except OSError:  # closed meanwhile
             return buffered
         return buffered + struct.unpack("i", packed)[0]
+
+    def behind(self, backlog: Callable[[], int]) -> "ClientConnection":
+        """This connection, with ``backlog`` bytes waiting in front of it as well."""
+        return replace(self, backlog=backlog)
 
     def abort(self) -> None:
         """Drop the connection now, with whatever was still buffered for it."""

@@ -45,6 +45,11 @@ class ResumableStream:
     size: int = 0
     finished: bool = False
     listeners: int = 0
+    #: Bytes of frames the furthest listener has taken (yielded or skipped).
+    delivered: int = 0
+    #: Every listener went away (until one resumes). Before the first one comes, the response
+    #: that opened the stream is about to listen.
+    abandoned: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _grace: asyncio.TimerHandle | None = None
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
@@ -72,6 +77,11 @@ class ResumableStream:
         if _registry.get(key) is self:  # a request id may be reused by a later stream
             del _registry[key]
 
+    def unread(self) -> int:
+        """Bytes produced that no listener has taken yet; 0 once every listener has gone (the
+        answer then runs ahead on purpose, for a resume)."""
+        return 0 if self.abandoned else self.size - self.delivered
+
     @property
     def complete(self) -> bool:
         """Every frame is still in the buffer."""
@@ -83,12 +93,14 @@ class ResumableStream:
         self.listeners -= 1
         if self.listeners > 0 or self.finished:
             return
+        self.abandoned = True
         grace = settings.CHATSITE_STREAM["RESUME_GRACE_S"]
         self._cancel_grace()
         self._grace = asyncio.get_running_loop().call_later(max(grace, 0), self._expire)
 
     def attach(self) -> None:
         self.listeners += 1
+        self.abandoned = False
         self._cancel_grace()
 
     def _expire(self) -> None:
@@ -116,11 +128,13 @@ class ResumableStream:
     async def frames_after(self, last_id: int, ping_interval: float) -> AsyncIterator[bytes]:
         """``: open``, ``meta``, every frame after token ``last_id``, then new frames as they
         come (``: ping`` after ``ping_interval`` s of quiet) until the stream ends."""
-        sent = 0
+        sent = taken = 0
         while True:
             while sent < len(self.frames):
                 frame = self.frames[sent]
                 sent += 1
+                taken += len(frame)
+                self.delivered = max(self.delivered, taken)
                 token = _token_id(frame)
                 if token is None or token > last_id:
                     yield frame
