@@ -12,7 +12,7 @@ django_application = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from assistant import engines  # noqa: E402
+from assistant import engines, probes  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
 
@@ -56,6 +56,9 @@ application = ProtocolTypeRouter(
         "http": URLRouter(
             [
                 re_path(r"^api/chat/stream(?:/direct|/django)?$", chat_stream),
+                # Probes answer ahead of Django: no session, no host check, nothing stored.
+                re_path(r"^healthz$", probes.healthz),
+                re_path(r"^readyz$", probes.readyz),
                 re_path(r"", django_application),
             ]
         ),

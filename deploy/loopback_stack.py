@@ -170,6 +170,7 @@ echo "DATABASE_URL=postgres://{role}:$password@127.0.0.1:5432/{database}"
     "redis": "redis-cli -h 127.0.0.1 -p 6379 ping",
     "env_file": "{sudo}install -D -m 0600{root_owner} deploy/env.example {env_file}",
     "secret": "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'",
+    "ready": r"curl -sS -w ' %{http_code}\n' {site}/readyz",
     "metrics": r"curl -sS -o /dev/null -w '%{http_code}\n' {site}/metrics",
     "dashboard": r"curl -sS -o /dev/null -w '%{http_code} %{redirect_url}\n' {site}/dashboard/",
     "stream": r"""
@@ -730,6 +731,11 @@ class LoopbackStack:
         """The guide's checks, then what a user and an operator would look at. Raises
         ``StackError`` naming the first thing that is wrong; returns what it measured."""
         found: dict[str, Any] = {}
+        ready = self.shell("ready").strip()
+        expect(ready.endswith(" 200"), f"GET /readyz answered {ready!r}")
+        body = json.loads(ready.rsplit(" ", 1)[0])
+        expect(body["status"] == "ready", f"GET /readyz says {body}")
+        found["ready"] = body["checks"]
         expect(self.shell("metrics").strip() == "200", "GET /metrics is not 200")
         dashboard = self.shell("dashboard").strip()
         login = f"302 {self.url}/admin/login/?next=/dashboard/"

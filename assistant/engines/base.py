@@ -8,7 +8,7 @@ answer 503); errors after it are ``EngineError`` (the caller ends the stream wit
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 Role = Literal["system", "user", "assistant"]
@@ -22,8 +22,29 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class GenerationParams:
+    """How an answer is sampled. Each engine has its own defaults (``default_generation``),
+    overridden per alias from settings; a field an engine cannot honour is left at its neutral
+    value (1.0 for the multiplicative penalty, 0.0 for the additive ones)."""
+
     max_tokens: int = 512
     temperature: float = 0.7
+    top_p: float = 1.0
+    #: Multiplies down the logits of tokens seen in the recent window (llama.cpp, vLLM).
+    repeat_penalty: float = 1.0
+    #: OpenAI's additive penalties: per occurrence, and once for any occurrence.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+#: Engine options that override a field of ``GenerationParams``, by option name.
+GENERATION_OPTIONS = {
+    "MAX_TOKENS": "max_tokens",
+    "TEMPERATURE": "temperature",
+    "TOP_P": "top_p",
+    "REPEAT_PENALTY": "repeat_penalty",
+    "FREQUENCY_PENALTY": "frequency_penalty",
+    "PRESENCE_PENALTY": "presence_penalty",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +86,18 @@ class EngineTimeout(EngineError):
     code = "engine_timeout"
 
 
+def generation_from_options(
+    defaults: GenerationParams, options: dict[str, Any]
+) -> GenerationParams:
+    """``defaults`` with the fields that ``options`` set (``None`` or absent: keep the default)."""
+    overrides: dict[str, Any] = {}
+    for option, field_name in GENERATION_OPTIONS.items():
+        value = options.get(option)
+        if value is not None:
+            overrides[field_name] = int(value) if field_name == "max_tokens" else float(value)
+    return replace(defaults, **overrides)
+
+
 class BaseEngine(ABC):
     """Base class for engine backends. Subclasses set the capability flags below."""
 
@@ -74,6 +107,8 @@ class BaseEngine(ABC):
     supports_cancel: ClassVar[bool] = True
     #: Needs a GPU and an optional, heavy dependency.
     requires_gpu: ClassVar[bool] = False
+    #: How this backend samples unless its alias's options say otherwise.
+    default_generation: ClassVar[GenerationParams] = GenerationParams()
 
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         self.alias = alias
@@ -81,6 +116,8 @@ class BaseEngine(ABC):
         #: Streams this process may run on the engine at once (0: no limit).
         self.max_streams = int(options.get("MAX_STREAMS") or 0)
         self.streams = 0
+        #: The sampling every answer on this alias uses.
+        self.generation = generation_from_options(self.default_generation, options)
 
     def admit(self) -> None:
         """Count one more stream, or raise ``EngineBusy`` when the engine is full.
@@ -108,6 +145,13 @@ class BaseEngine(ABC):
 
         Called before the response starts, so it must be cheap: no I/O, no waiting.
         """
+
+    async def ready(self) -> None:
+        """Raise ``EngineUnavailable`` if this engine could not answer now (readiness probes).
+
+        May do a little I/O (one small request to a model server); the caller bounds its time.
+        """
+        self.check()
 
     def queue_depth(self) -> int:
         """Requests waiting for this engine in this process (0 for engines that batch)."""

@@ -57,6 +57,15 @@ class OpenAIHTTPEngine(BaseEngine):
         if client is not None:
             await client.aclose()
 
+    async def ready(self) -> None:
+        """The model server answers its model list."""
+        try:
+            response = await self.client().get("/models")
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"Cannot reach the model server: {exc!r}") from exc
+        if response.status_code != 200:
+            raise EngineUnavailable(f"The model server answered {response.status_code}")
+
     async def stream(
         self, messages: Sequence[ChatMessage], params: GenerationParams
     ) -> AsyncIterator[Delta]:
@@ -68,6 +77,16 @@ class OpenAIHTTPEngine(BaseEngine):
             "temperature": params.temperature,
             "stream": True,
         }
+        # Neutral values are left out, so the served model's own generation config (which vLLM
+        # applies to whatever a request does not set) decides them.
+        optional = {
+            "top_p": (params.top_p, 1.0),
+            "frequency_penalty": (params.frequency_penalty, 0.0),
+            "presence_penalty": (params.presence_penalty, 0.0),
+            # vLLM's own field: OpenAI's API has none like it.
+            "repetition_penalty": (params.repeat_penalty, 1.0),
+        }
+        payload.update({k: value for k, (value, neutral) in optional.items() if value != neutral})
         request = client.build_request("POST", "/chat/completions", json=payload)
         try:
             response = await client.send(request, stream=True)
