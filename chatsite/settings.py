@@ -256,6 +256,13 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
             "TOKENS": env_int(f"{prefix}SCRIPTED_TOKENS", 20),
             # Streams one process runs on this engine at once; more get 503 at once (0: no cap).
             "MAX_STREAMS": env_int(f"{prefix}MAX_STREAMS", 256),
+            # Sampling; unset means the backend's own default (GenerationParams in its module).
+            "MAX_TOKENS": env_str(f"{prefix}MAX_TOKENS") or None,
+            "TEMPERATURE": env_str(f"{prefix}TEMPERATURE") or None,
+            "TOP_P": env_str(f"{prefix}TOP_P") or None,
+            "REPEAT_PENALTY": env_str(f"{prefix}REPEAT_PENALTY") or None,
+            "FREQUENCY_PENALTY": env_str(f"{prefix}FREQUENCY_PENALTY") or None,
+            "PRESENCE_PENALTY": env_str(f"{prefix}PRESENCE_PENALTY") or None,
         },
     }
 
@@ -313,7 +320,6 @@ CHATSITE_STREAM = {
     "PING_INTERVAL": float(env_str("CHATSITE_PING_INTERVAL", "15")),
     "MAX_MESSAGE_CHARS": env_int("CHATSITE_MAX_MESSAGE_CHARS", 4000),
     "MAX_BODY_BYTES": env_int("CHATSITE_MAX_BODY_BYTES", 32 * 1024),
-    "MAX_TOKENS": env_int("CHATSITE_MAX_TOKENS", 512),
     "HISTORY_MESSAGES": env_int("CHATSITE_HISTORY_MESSAGES", 12),
     # Answers one session (or user) may have streaming at once; 0 for no limit.
     "STREAMS_PER_SESSION": env_int("CHATSITE_STREAMS_PER_SESSION", 1),
@@ -331,7 +337,6 @@ CHATSITE_STREAM = {
     "RESUME_GRACE_S": float(env_str("CHATSITE_RESUME_GRACE_S", "30")),
     "RESUME_KEEP_S": float(env_str("CHATSITE_RESUME_KEEP_S", "60")),
     "RESUME_MAX_BYTES": env_int("CHATSITE_RESUME_MAX_BYTES", 256 * 1024),
-    "TEMPERATURE": float(env_str("CHATSITE_TEMPERATURE", "0.7")),
     "SYSTEM_PROMPT": env_str(
         "CHATSITE_SYSTEM_PROMPT",
         "You are a patient, friendly teaching assistant. Answer clearly and briefly.",

@@ -1,8 +1,10 @@
 """Test helpers: a real Daphne on loopback, a browser-like HTTP client, an SSE reader."""
 
 import asyncio
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +22,18 @@ import httpx
 from assistant.benchmarking import SSEParser
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+#: prctl(2) option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for servers a test starts: the kernel kills the child with SIGKILL when
+    the test process dies, however it dies (a segfault in native code, a SIGKILL, a timeout),
+    so no server outlives the run that started it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -109,6 +123,7 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         env=full_env,
         stdout=log_file.open("wb"),
         stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
     )
     server = LiveServer(f"http://127.0.0.1:{port}", port, process, events_file, log_file)
     deadline = time.monotonic() + 60
@@ -116,7 +131,7 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         if process.poll() is not None:
             raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(server.url + "/", timeout=1).status_code == 200:
+            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             time.sleep(0.05)
@@ -435,7 +450,9 @@ class ModelServer:
             *("--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False", *extra),
         ]
         with log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            )
         self.model = self._wait_for_models()
 
     def _wait_for_models(self) -> str:

@@ -52,8 +52,25 @@ def default_model_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / MODEL_FILE
 
 
+def sampling_arguments(params: GenerationParams) -> dict[str, Any]:
+    """``params`` as llama-cpp-python's ``create_chat_completion`` names them."""
+    return {
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "repeat_penalty": params.repeat_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "presence_penalty": params.presence_penalty,
+    }
+
+
 class LlamaCppEngine(BaseEngine):
     name = "llamacpp"
+    #: SmolLM2-135M repeats one sentence until the cap without a penalty on recent tokens
+    #: (benchmarks/sampling_loops.py measures each setting; figures in docs/performance.md).
+    default_generation = GenerationParams(
+        max_tokens=384, temperature=0.7, top_p=0.9, repeat_penalty=1.15
+    )
 
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         super().__init__(alias, options)
@@ -122,8 +139,7 @@ class LlamaCppEngine(BaseEngine):
     def _chunks(self, messages: Sequence[ChatMessage], params: GenerationParams) -> Iterator[Any]:
         return self._llama.create_chat_completion(
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
+            **sampling_arguments(params),
             stream=True,
         )
 

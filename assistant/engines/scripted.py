@@ -6,10 +6,10 @@ the defaults with a directive at the start of its last user message, for example
 ``hang=1`` never produces a token, ``text='...'`` is JSON: a list of tokens to send, or a string
 sent one character per token, ``size=N`` pads every token to N characters).
 
-Every start, finish and cancellation is appended as one JSON line to the file named by
-``EVENTS_FILE`` (env ``CHATSITE_SCRIPTED_EVENTS_FILE``) with ``time.monotonic()``, which is the
-same clock in every process on the machine, so a test in another process can tell how long after
-its disconnect the generation stopped.
+Every start (with the sampling it was given), finish and cancellation is appended as one JSON
+line to the file named by ``EVENTS_FILE`` (env ``CHATSITE_SCRIPTED_EVENTS_FILE``) with
+``time.monotonic()``, which is the same clock in every process on the machine, so a test in
+another process can tell how long after its disconnect the generation stopped.
 """
 
 import asyncio
@@ -18,6 +18,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from .base import BaseEngine, ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
@@ -89,7 +90,7 @@ class ScriptedEngine(BaseEngine):
         tag = args.get("tag", "")
         tokens = tokens[: params.max_tokens]
 
-        self._record("start", tag=tag, messages=len(messages))
+        self._record("start", tag=tag, messages=len(messages), params=asdict(params))
         self.active += 1
         sent = 0
         try:

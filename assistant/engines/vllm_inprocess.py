@@ -61,6 +61,10 @@ class VLLMInProcessEngine(BaseEngine):
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
             temperature=params.temperature,
+            top_p=params.top_p,
+            repetition_penalty=params.repeat_penalty,
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
             output_kind=RequestOutputKind.DELTA,
         )
         request_id = uuid.uuid4().hex

@@ -31,7 +31,6 @@ from assistant.engines import (
     Delta,
     EngineError,
     EngineTimeout,
-    GenerationParams,
 )
 from assistant.errors import Rejected
 from assistant.models import Message
@@ -211,8 +210,7 @@ async def chat_stream_open(
     Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the student's own limits
     refuse another stream or the conversation is not theirs.
     """
-    config = settings.CHATSITE_STREAM
-    params = GenerationParams(max_tokens=config["MAX_TOKENS"], temperature=config["TEMPERATURE"])
+    params = engine.generation
     timings.parsed = now()
     pending: asyncio.Future[Delta] | None = None
     engine.admit()

@@ -33,6 +33,7 @@ from tests.support import (
     LiveServer,
     RawResponse,
     ThreadedCountingProxy,
+    die_with_parent,
     free_port,
     raw_post,
     wait_for,
@@ -91,7 +92,10 @@ def nginx_factory(
         port = free_port()
         main = render(work, site, workers=workers, port=port, edits=edits)
         process = subprocess.Popen(
-            nginx_args(nginx_binary, main), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            nginx_args(nginx_binary, main),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
         )
         server = NginxServer(
             f"http://127.0.0.1:{port}",

@@ -9,11 +9,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from assistant.engines import Delta, EngineUnavailable, GenerationParams
+from assistant.benchmarking.repetition import most_repeated
+from assistant.engines import ChatMessage, Delta, EngineUnavailable, GenerationParams
 from assistant.engines.llamacpp import LlamaCppEngine
 from tests.assistant.engines.helpers import (
     ENDLESS,
@@ -201,3 +203,26 @@ async def test_missing_model_file_is_engine_unavailable(tmp_path: Path) -> None:
     assert loading.value.code == "no_model"
     assert streaming.value.code == "no_model"
     assert "missing.gguf" in str(loading.value)
+
+
+async def test_default_sampling_does_not_loop_on_a_chinese_question(
+    engine: LlamaCppEngine,
+) -> None:
+    """Asked why the sky is blue in Chinese (greedy, so the same every run), the default repeat
+    penalty ends the answer on its own with no sentence said three times; without the penalty
+    the model repeats itself until the cap."""
+    system = "You are a patient, friendly teaching assistant. Answer clearly and briefly."
+    question = [ChatMessage("system", system), ChatMessage("user", "天空为什么是蓝色的？")]  # noqa: RUF001
+    defaults = replace(LlamaCppEngine.default_generation, temperature=0.0)
+    neutral = replace(defaults, repeat_penalty=1.0, top_p=1.0)
+
+    penalised = await collect(engine, question, defaults)
+    looping = await collect(engine, question, neutral)
+
+    def text(deltas: list[Delta]) -> str:
+        return "".join(d.text for d in deltas)
+
+    assert penalised[-1].finish_reason == "stop", text(penalised)
+    assert most_repeated(text(penalised)) < 3, text(penalised)
+    assert looping[-1].finish_reason == "length", text(looping)
+    assert most_repeated(text(looping)) >= 3, text(looping)

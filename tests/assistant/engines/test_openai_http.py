@@ -8,9 +8,11 @@ exact bytes. Bounds on time are generous sanity checks for a busy two-core machi
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -115,8 +117,11 @@ def chunk(payload: bytes) -> bytes:
 
 
 @asynccontextmanager
-async def fake_server(respond: Respond) -> AsyncIterator[OpenAIHTTPEngine]:
-    """An engine pointed at a loopback server that reads each request and answers ``respond``."""
+async def fake_server(
+    respond: Respond, bodies: list[dict[str, Any]] | None = None
+) -> AsyncIterator[OpenAIHTTPEngine]:
+    """An engine pointed at a loopback server that reads each request (into ``bodies``, parsed)
+    and answers ``respond``."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -126,7 +131,9 @@ async def fake_server(respond: Respond) -> AsyncIterator[OpenAIHTTPEngine]:
                 for line in head.lower().split(b"\r\n")
                 if line.startswith(b"content-length:")
             )
-            await reader.readexactly(length)
+            body = await reader.readexactly(length)
+            if bodies is not None:
+                bodies.append(json.loads(body))
             await respond(writer)
             await writer.drain()
         finally:
@@ -255,3 +262,25 @@ async def test_error_status_is_engine_unavailable_with_the_status() -> None:
     assert isinstance(error, EngineUnavailable)
     assert "500" in str(error)
     assert "overloaded" in str(error)
+
+
+async def test_sampling_settings_reach_the_model_server() -> None:
+    """The request carries the alias's sampling (OpenAI's fields and vLLM's repetition_penalty);
+    a neutral value is left out, for the served model's own generation config to decide."""
+
+    async def respond(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + chunk(GOOD) + chunk(END) + b"0\r\n\r\n")
+
+    bodies: list[dict[str, Any]] = []
+    params = GenerationParams(
+        max_tokens=9, temperature=0.2, top_p=0.8, repeat_penalty=1.2, frequency_penalty=0.4
+    )
+    async with fake_server(respond, bodies) as engine:
+        await collect(engine, SHORT, params)
+        await collect(engine, SHORT, GenerationParams(max_tokens=3))
+
+    sent = {k: bodies[0][k] for k in ("max_tokens", "temperature", "top_p", "frequency_penalty")}
+    assert sent == {"max_tokens": 9, "temperature": 0.2, "top_p": 0.8, "frequency_penalty": 0.4}
+    assert bodies[0]["repetition_penalty"] == 1.2
+    assert "presence_penalty" not in bodies[0]
+    assert not {"top_p", "repetition_penalty", "frequency_penalty"} & set(bodies[1])
