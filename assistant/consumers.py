@@ -102,9 +102,21 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         raise StopConsumer()
 
     def stop_answer(self) -> None:
-        """Nobody resumed in time: stop generating (the partial answer is saved)."""
-        if self.response_task is not None:
-            self.response_task.cancel()
+        """Stop generating (the partial answer is saved): nobody resumed in time, another
+        student waits for the engine, or the student pressed Stop. A response still connected
+        is ended, so a client that keeps reading sees the stream close."""
+        task = self.response_task
+        if task is None or task.done():
+            return
+        task.cancel()
+        if not self.detached:
+            background.spawn(self._end_after(task), name="stopped-response")
+
+    async def _end_after(self, task: asyncio.Task[None]) -> None:
+        await asyncio.wait({task})
+        if not self.detached:
+            self.detached = True
+            await self.send_body(b"", more_body=False)
 
     async def send_error(
         self, error: errors.ApiError, extra: list[tuple[bytes, bytes]] | None = None
@@ -151,7 +163,10 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.response_started = True
         self.stream = stream
         resumable = self.resumable = resumable_open(
-            request_id=request_id, owner_key=stream.identity.owner_key, stop=self.stop_answer
+            request_id=request_id,
+            owner_key=stream.identity.owner_key,
+            stop=self.stop_answer,
+            contended=stream.engine.contended,
         )
         resumable.attach()  # this response is its first listener
         heartbeat = Heartbeat(self.send_frame, ping_interval())

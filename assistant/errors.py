@@ -82,6 +82,8 @@ STREAM_EXPIRED = ApiError(
 RESUME_INVALID = ApiError(
     400, "resume_invalid", 'Send {"request_id": "..."} and the Last-Event-ID header.'
 )
+STOP_INVALID = ApiError(400, "stop_invalid", 'Send {"request_id": "..."}.')
+STOP_UNKNOWN = ApiError(404, "stop_unknown", "No answer of yours with that id is running here.")
 ENGINE_TIMEOUT = ApiError(
     504, "engine_timeout", "The model took too long to answer. Please try again."
 )

@@ -22,7 +22,7 @@ from assistant.services import background
 from assistant.services.chat_request import request_id_choose, request_id_valid
 from assistant.services.frames import ping_interval
 from assistant.services.identity import owner_key_for
-from assistant.services.resume import resumable_find, resumable_open
+from assistant.services.resume import resumable_find, resumable_open, resumable_stop
 from assistant.services.stream_start import chat_stream_start
 from assistant.services.streaming import ChatStream, chat_stream_into
 from assistant.services.timings import StreamTimings, received_at
@@ -72,7 +72,10 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     # and a page that lost it can resume from the buffer (chat_resume). The task stops the
     # answer and stores it whatever happens to the response.
     resumable = resumable_open(
-        request_id=request_id, owner_key=stream.identity.owner_key, stop=lambda: None
+        request_id=request_id,
+        owner_key=stream.identity.owner_key,
+        stop=lambda: None,
+        contended=stream.engine.contended,
     )
     if stream.connection is not None:
         # The answer writes into the buffer: frames waiting there are unread by the client too,
@@ -139,6 +142,28 @@ async def chat_resume(request: HttpRequest) -> HttpResponseBase:
             json.dumps(payload), status=expired.status, content_type="application/json"
         )
     return event_stream(resumable.listen(last_id, ping_interval()), request_id, None)
+
+
+async def chat_stop(request: HttpRequest) -> HttpResponseBase:
+    """``POST /api/chat/stop`` ``{"request_id": "..."}``: the student pressed Stop. The answer
+    ends now, listened to or not, and what was said of it is stored; 204, or 404 when no answer
+    of this session's with that id runs in this process (it may just have ended)."""
+    if request.method != "POST":
+        return api_error(errors.METHOD_NOT_ALLOWED, [(b"allow", b"POST")])
+    try:
+        request_id = json.loads(request.body)["request_id"]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
+        return api_error(errors.STOP_INVALID)
+    if not request_id_valid(request_id):
+        return api_error(errors.STOP_INVALID)
+    session_key = request.session.session_key
+    user = await request.auser()
+    if session_key is None and not user.is_authenticated:
+        return api_error(errors.STOP_UNKNOWN)
+    owner_key = owner_key_for(user, session_key)
+    if not resumable_stop(owner_key=owner_key, request_id=request_id):
+        return api_error(errors.STOP_UNKNOWN)
+    return HttpResponse(status=204)
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponseBase:

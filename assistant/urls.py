@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/chat/stream", stream_views.chat_stream, name="stream"),
     path("api/chat/stream/django", stream_views.chat_stream, name="stream-django"),
     path("api/chat/resume", stream_views.chat_resume, name="resume"),
+    path("api/chat/stop", stream_views.chat_stop, name="stop"),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),
     path("dashboard/events", dashboard_views.dashboard_events, name="dashboard-events"),
     path(

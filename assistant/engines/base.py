@@ -153,6 +153,11 @@ class BaseEngine(ABC):
         """
         self.check()
 
+    def contended(self) -> bool:
+        """Another request waits for this engine because it answers one at a time. An answer
+        nobody listens to gives the engine up then (services/resume.py)."""
+        return False
+
     def queue_depth(self) -> int:
         """Requests waiting for this engine in this process (0 for engines that batch)."""
         return 0

@@ -9,9 +9,17 @@ cancelled when the grace period ends, as it would have been at once without it. 
 stream stays resumable for ``RESUME_KEEP_S`` seconds, so a drop just before ``done`` loses
 nothing either.
 
-Buffers live in this process's memory: a resume must reach the worker that runs the stream
-(one worker by default; behind nginx, see docs/deploy.md). Only the stream's owner (the same
-session or user) may resume it.
+On an engine that answers one student at a time (the embedded model), an answer nobody listens
+to holds the engine only while nobody else waits for it: as soon as another request waits, the
+grace ends and the answer stops, so a dropped or abandoned answer never delays another student.
+On engines that batch (vLLM) the grace runs its course.
+
+A student who presses Stop asks for it explicitly (``resumable_stop``): a dropped connection
+looks the same as a closed one, so only that request ends the answer at once, wherever it runs.
+
+Buffers live in this process's memory: a resume or a stop must reach the worker that runs the
+stream (one worker by default; behind nginx, see docs/deploy.md). Only the stream's owner (the
+same session or user) may resume or stop it.
 """
 
 import asyncio
@@ -24,6 +32,9 @@ from django.conf import settings
 from assistant.services.frames import PING
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between two looks, during a grace period, at whether another request waits.
+CONTENDED_POLL_S = 0.1
 
 
 def _token_id(frame: bytes) -> int | None:
@@ -41,6 +52,8 @@ class ResumableStream:
     owner_key: str
     #: Called when nobody listens any more and the grace period is over: stops the generation.
     stop: Callable[[], None]
+    #: True while another request waits for this answer's engine (which runs one at a time).
+    contended: Callable[[], bool] = lambda: False
     frames: list[bytes] = field(default_factory=list)
     size: int = 0
     finished: bool = False
@@ -52,6 +65,7 @@ class ResumableStream:
     abandoned: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _grace: asyncio.TimerHandle | None = None
+    _poll: asyncio.TimerHandle | None = None
     _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
     def append(self, frame: bytes) -> None:
@@ -68,6 +82,9 @@ class ResumableStream:
             return
         self.finished = True
         self._cancel_grace()
+        key = (self.owner_key, self.request_id)
+        if _live.get(key) is self:
+            del _live[key]
         self._wake()
         keep = settings.CHATSITE_STREAM["RESUME_KEEP_S"]
         asyncio.get_running_loop().call_later(keep, self._forget)
@@ -96,7 +113,23 @@ class ResumableStream:
         self.abandoned = True
         grace = settings.CHATSITE_STREAM["RESUME_GRACE_S"]
         self._cancel_grace()
-        self._grace = asyncio.get_running_loop().call_later(max(grace, 0), self._expire)
+        loop = asyncio.get_running_loop()
+        self._grace = loop.call_later(max(grace, 0), self._expire)
+        if grace > 0:
+            self._poll = loop.call_later(CONTENDED_POLL_S, self._yield_if_contended)
+
+    def _yield_if_contended(self) -> None:
+        """During the grace: give the engine up at once when another request waits for it."""
+        self._poll = None
+        if self.listeners > 0 or self.finished or self._grace is None:
+            return
+        if self.contended():
+            logger.info("Another request waits; stopping unheard %s", self.request_id)
+            self._cancel_grace()
+            self._forget()
+            self.stop()
+            return
+        self._poll = self._loop.call_later(CONTENDED_POLL_S, self._yield_if_contended)
 
     def attach(self) -> None:
         self.listeners += 1
@@ -120,6 +153,15 @@ class ResumableStream:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+
+    def _stopped_by_owner(self) -> None:
+        if not self.finished:
+            self._cancel_grace()
+            self._forget()
+            self.stop()
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -156,7 +198,21 @@ class ResumableStream:
             self.detach()
 
 
+#: Streams that can be resumed, by (owner, request id): only while resuming is on.
 _registry: dict[tuple[str, str], ResumableStream] = {}
+#: Streams still running, by (owner, request id), whether resuming is on or not: for Stop.
+_live: dict[tuple[str, str], ResumableStream] = {}
+
+
+def resumable_stop(*, owner_key: str, request_id: str) -> bool:
+    """From any thread: stop ``request_id`` at once if this process runs it for ``owner_key``,
+    listened to or not (the student pressed Stop). What was said is stored as for any other
+    early end. True when there was such an answer to stop."""
+    stream = _live.get((owner_key, request_id))
+    if stream is None or stream.finished:
+        return False
+    stream._loop.call_soon_threadsafe(stream._stopped_by_owner)
+    return True
 
 
 def resumable_preempt(*, owner_key: str, request_id: str) -> bool:
@@ -169,10 +225,19 @@ def resumable_preempt(*, owner_key: str, request_id: str) -> bool:
     return True
 
 
-def resumable_open(*, request_id: str, owner_key: str, stop: Callable[[], None]) -> ResumableStream:
-    """Start keeping ``request_id``'s frames. With resuming off (grace 0) nobody can find it,
-    and the answer stops as soon as its listener leaves."""
-    stream = ResumableStream(request_id=request_id, owner_key=owner_key, stop=stop)
+def resumable_open(
+    *,
+    request_id: str,
+    owner_key: str,
+    stop: Callable[[], None],
+    contended: Callable[[], bool] = lambda: False,
+) -> ResumableStream:
+    """Start keeping ``request_id``'s frames. With resuming off (grace 0) nobody can resume it,
+    and the answer stops as soon as its listener leaves; it can always be stopped."""
+    stream = ResumableStream(
+        request_id=request_id, owner_key=owner_key, stop=stop, contended=contended
+    )
+    _live[(owner_key, request_id)] = stream
     if settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0:
         _registry[(owner_key, request_id)] = stream
     return stream

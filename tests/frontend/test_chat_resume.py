@@ -80,3 +80,33 @@ def test_a_resume_too_late_shows_what_was_saved(browser: Browser, daphne: LiveSe
         context.close()
     full = "".join(default_tokens(60))
     assert text and full.startswith(text) and len(text) < len(full)
+
+
+def test_stop_ends_the_answer_although_a_drop_would_be_resumed(
+    browser: Browser, resumable_server: LiveServer
+) -> None:
+    """With a resume grace of 10 s, Stop still ends the generation at once: the page asks
+    POST /api/chat/stop (204) before it closes the stream, and the engine is cancelled within
+    2 s instead of generating on for a resume."""
+    import uuid
+
+    context = browser.new_context(base_url=resumable_server.url)
+    page = context.new_page()
+    page.goto("/")
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    tag = f"stop-grace-{uuid.uuid4().hex[:12]}"
+    answer = ask(page, f"[scripted tokens=400 itl_ms=50 tag={tag}] Tell me all about plants.")
+    body = answer.locator(".body")
+    page.wait_for_function(
+        "(el) => el.textContent.split(' ').length >= 5", arg=body.element_handle()
+    )
+    with page.expect_response("**/api/chat/stop") as stopped:
+        clicked = time.monotonic()
+        page.locator("#stop").click()
+
+    assert stopped.value.status == 204
+    expect(page.locator("#status")).to_have_text("Stopped.")
+    cancelled = resumable_server.wait_engine_event(tag, "cancel")
+    assert cancelled["t"] - clicked < 2, "the engine kept generating after Stop"
+    assert cancelled["tokens"] < 400
+    context.close()

@@ -85,6 +85,7 @@ async function ask(question) {
   current = streamChat({
     url: config.streamUrl,
     resumeUrl: config.resumeUrl,
+    stopUrl: config.stopUrl,
     body: { message: question, conversation: conversationId },
     csrfToken: cookie("csrftoken"),
     requestId,

@@ -72,12 +72,17 @@ export class SSEParser {
 // {request_id} to `resumeUrl` with `Last-Event-ID` set to the last token received, a few times
 // with growing pauses. The server sends only the tokens after that one, so nothing is shown
 // twice. A resume the server can no longer serve ends as an error carrying the saved `answer`.
+//
+// `stop()` ends the answer for good: with `stopUrl` it first POSTs {request_id} there, since a
+// closed connection alone looks like a network drop and the server would go on generating for
+// a resume. Then it aborts the fetch.
 export function streamChat({
   url,
   body,
   csrfToken,
   requestId,
   resumeUrl = null,
+  stopUrl = null,
   firstByteTimeoutMs = 5000,
   idleTimeoutMs = 30000,
   resumeDelaysMs = [300, 1000, 2000, 4000, 8000],
@@ -99,14 +104,25 @@ export function streamChat({
       controller.abort();
     }, ms);
   };
-  const stop = () => {
-    abortReason = "stopped";
-    if (controller) controller.abort();
-  };
   const headers = {
     "Content-Type": "application/json",
     Accept: "text/event-stream",
     "X-CSRFToken": csrfToken,
+  };
+  const stop = () => {
+    abortReason = "stopped";
+    const id = streamId || requestId;
+    if (stopUrl && id) {
+      // keepalive: the request outlives this page if the student leaves right after.
+      fetch(stopUrl, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken },
+        body: JSON.stringify({ request_id: id }),
+        keepalive: true,
+      }).catch(() => {});
+    }
+    if (controller) controller.abort();
   };
 
   // One request: its events go to onEvent, tokens already seen are dropped.
