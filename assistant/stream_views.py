@@ -115,6 +115,15 @@ def event_stream(
     return response
 
 
+async def _existing_owner(request: HttpRequest) -> str | None:
+    """Whose request this is, without creating a session: None for a visitor with neither."""
+    session_key = request.session.session_key
+    user = await request.auser()
+    if session_key is None and not user.is_authenticated:
+        return None
+    return owner_key_for(user, session_key)
+
+
 async def chat_resume(request: HttpRequest) -> HttpResponseBase:
     """``POST /api/chat/resume`` ``{"request_id": "..."}`` with ``Last-Event-ID: n``: the rest of
     an answer whose stream broke, from token n + 1 (see ``services/resume.py``)."""
@@ -128,11 +137,9 @@ async def chat_resume(request: HttpRequest) -> HttpResponseBase:
         return api_error(errors.RESUME_INVALID)
     if not request_id_valid(request_id) or last_id < 0:
         return api_error(errors.RESUME_INVALID)
-    session_key = request.session.session_key
-    user = await request.auser()
-    if session_key is None and not user.is_authenticated:
+    owner_key = await _existing_owner(request)
+    if owner_key is None:
         return api_error(errors.STREAM_EXPIRED)
-    owner_key = owner_key_for(user, session_key)
     resumable = resumable_find(request_id=request_id, owner_key=owner_key)
     if resumable is None:
         saved = await run_db(answer_saved, owner_key=owner_key, request_id=request_id)
@@ -156,12 +163,8 @@ async def chat_stop(request: HttpRequest) -> HttpResponseBase:
         return api_error(errors.STOP_INVALID)
     if not request_id_valid(request_id):
         return api_error(errors.STOP_INVALID)
-    session_key = request.session.session_key
-    user = await request.auser()
-    if session_key is None and not user.is_authenticated:
-        return api_error(errors.STOP_UNKNOWN)
-    owner_key = owner_key_for(user, session_key)
-    if not resumable_stop(owner_key=owner_key, request_id=request_id):
+    owner_key = await _existing_owner(request)
+    if owner_key is None or not resumable_stop(owner_key=owner_key, request_id=request_id):
         return api_error(errors.STOP_UNKNOWN)
     return HttpResponse(status=204)
 
