@@ -15,11 +15,15 @@ from assistant.services.health import readiness_check
 PROBE_METHOD = errors.METHOD_NOT_ALLOWED.with_message("Use GET or HEAD.")
 
 
-async def _respond(send: Any, scope: Any, status: int, payload: dict[str, Any]) -> None:
+async def _respond(
+    send: Any,
+    scope: Any,
+    status: int,
+    payload: dict[str, Any],
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     body = b"" if scope["method"] == "HEAD" else json.dumps(payload).encode()
-    headers = http.json_response_headers()
-    if status == PROBE_METHOD.status:
-        headers.append((b"allow", b"GET, HEAD"))
+    headers = http.json_response_headers(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -27,7 +31,8 @@ async def _respond(send: Any, scope: Any, status: int, payload: dict[str, Any]) 
 async def _refused(scope: Any, send: Any) -> bool:
     if scope["method"] in {"GET", "HEAD"}:
         return False
-    await _respond(send, scope, PROBE_METHOD.status, PROBE_METHOD.payload())
+    allow = [(b"allow", b"GET, HEAD")]
+    await _respond(send, scope, PROBE_METHOD.status, PROBE_METHOD.payload(), allow)
     return True
 
 

@@ -125,9 +125,7 @@ class ResumableStream:
             return
         if self.contended():
             logger.info("Another request waits; stopping unheard %s", self.request_id)
-            self._cancel_grace()
-            self._forget()
-            self.stop()
+            self._end_now(unheard_only=True)
             return
         self._poll = self._loop.call_later(CONTENDED_POLL_S, self._yield_if_contended)
 
@@ -140,14 +138,22 @@ class ResumableStream:
         self._grace = None
         if self.listeners == 0 and not self.finished:
             logger.info("Nobody resumed %s in time; stopping it", self.request_id)
-            # From now on a resume gets the saved (partial) answer instead.
-            self._forget()
-            self.stop()
+        self._end_now(unheard_only=True)
 
     def _preempted(self) -> None:
-        if self.listeners == 0 and not self.finished:
-            self._forget()
-            self.stop()
+        self._end_now(unheard_only=True)
+
+    def _stopped_by_owner(self) -> None:
+        self._end_now(unheard_only=False)
+
+    def _end_now(self, *, unheard_only: bool) -> None:
+        """Stop the generation (``unheard_only``: only if nobody listens). From now on a resume
+        gets the saved (partial) answer instead."""
+        if self.finished or (unheard_only and self.listeners > 0):
+            return
+        self._cancel_grace()
+        self._forget()
+        self.stop()
 
     def _cancel_grace(self) -> None:
         if self._grace is not None:
@@ -156,12 +162,6 @@ class ResumableStream:
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
-
-    def _stopped_by_owner(self) -> None:
-        if not self.finished:
-            self._cancel_grace()
-            self._forget()
-            self.stop()
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
