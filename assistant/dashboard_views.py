@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, sse
 from assistant.db import run_db, run_db_write
+from assistant.engines import describe_serving
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent
 from assistant.services.dashboard import WINDOWS, traffic_snapshot
@@ -83,6 +84,8 @@ def dashboard_snapshot(*, window: str) -> dict[str, Any]:
             window_s=WINDOWS[window], baseline=split.baseline, candidate=split.candidate
         ),
         "split": split.describe(),
+        # The model process (embedded engine): up or restarting, and how often it restarted.
+        "engines": describe_serving(),
         "breaker": {
             "state": split.breaker,
             "since": split.breaker_since.isoformat() if split.breaker_since else None,

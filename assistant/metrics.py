@@ -90,3 +90,16 @@ PERSISTENCE_FAILURES = Counter(
     "unreachable, tried again) or lost (given up, logged with the rows).",
     ["kind"],
 )
+# Written by the model process's supervisor (python -m assistant.modelhost) into the same
+# multiprocess directory, so every worker's /metrics shows them.
+MODEL_PROCESS_RESTARTS = Counter(
+    "ai_model_process_restarts",
+    "Times the embedded model's process ended and was started again, by how it ended "
+    "(SIGSEGV, SIGKILL, SIGABRT, ..., signal, exit, load_failed).",
+    ["reason"],
+)
+MODEL_PROCESS_UP = Gauge(
+    "ai_model_process_up",
+    "1 while the embedded model's process is loaded and answering.",
+    multiprocess_mode="livemax",
+)

@@ -225,7 +225,11 @@ LOGGING = {
 # Engines are backends, like Django's caches: an alias maps to a class path and its options.
 # CHATSITE_ENGINE picks which backend the "default" alias uses.
 _ENGINE_BACKENDS = {
-    "llamacpp": "assistant.engines.llamacpp.LlamaCppEngine",
+    # The embedded model in the host's model process (python -m assistant.modelhost).
+    "llamacpp": "assistant.engines.model_process.ModelProcessEngine",
+    # The embedded model inside this worker: one copy per worker, and a crash in llama.cpp
+    # takes the worker down with it. For development and tests only.
+    "llamacpp-inprocess": "assistant.engines.llamacpp.LlamaCppEngine",
     "vllm": "assistant.engines.openai_http.OpenAIHTTPEngine",
     "vllm-inprocess": "assistant.engines.vllm_inprocess.VLLMInProcessEngine",
     "scripted": "assistant.engines.scripted.ScriptedEngine",
@@ -242,7 +246,9 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
     return {
         "BACKEND": _ENGINE_BACKENDS[name],
         "OPTIONS": {
-            # llamacpp
+            # llamacpp: the model process's socket (its own options are the next three)
+            "SOCKET": env_str(f"{prefix}MODEL_SOCKET") or None,
+            # llamacpp-inprocess
             "MODEL_PATH": env_str(f"{prefix}LLAMACPP_MODEL_PATH"),
             "N_THREADS": env_int(f"{prefix}LLAMACPP_THREADS", 0),
             "N_CTX": env_int(f"{prefix}LLAMACPP_N_CTX", 2048),

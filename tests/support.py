@@ -1,13 +1,13 @@
 """Test helpers: a real Daphne on loopback, a browser-like HTTP client, an SSE reader."""
 
 import asyncio
-import ctypes
 import json
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,25 +21,32 @@ import httpx
 
 from assistant.benchmarking import SSEParser
 
+# preexec_fn for every server a test starts: the kernel kills it when the test process dies,
+# however that dies (a segfault in native code, a SIGKILL, a timeout), so none outlives its run.
+from assistant.modelhost.supervisor import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-#: prctl(2) option: the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` for servers a test starts: the kernel kills the child with SIGKILL when
-    the test process dies, however it dies (a segfault in native code, a SIGKILL, a timeout),
-    so no server outlives the run that started it."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def short_socket_path() -> Path:
+    """A fresh path for a Unix socket: at most 107 bytes, which pytest's tmp_path can exceed."""
+    return Path(tempfile.mkdtemp(prefix="chm-")) / "model.sock"
+
+
+def terminate(process: subprocess.Popen[bytes], *, timeout: float) -> None:
+    """SIGTERM, then SIGKILL if ``process`` is still there after ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass
@@ -49,6 +56,8 @@ class LiveServer:
     process: subprocess.Popen[bytes]
     events_file: Path
     log_file: Path
+    #: The model process this server's embedded engine talks to, when the test started one.
+    model_host: "ModelHost | None" = None
 
     def engine_events(self, tag: str | None = None) -> list[dict[str, Any]]:
         """What the scripted engine recorded (start/finish/cancel), optionally for one tag."""
@@ -72,12 +81,82 @@ class LiveServer:
         return self.log_file.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.process.terminate()
+        terminate(self.process, timeout=10)
+        if self.model_host is not None:
+            self.model_host.stop()
+
+
+class ModelHost:
+    """``python -m assistant.modelhost``: the supervised model process, on a socket of its own.
+
+    ``backend`` is the engine class it hosts: the real embedded model by default, or the
+    scripted engine where a test is about the process boundary rather than the model."""
+
+    def __init__(
+        self,
+        log: Path,
+        *,
+        backend: str = "assistant.engines.llamacpp.LlamaCppEngine",
+        options: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        socket: Path | None = None,
+    ) -> None:
+        from assistant.engines.model_process import ModelProcessEngine
+
+        #: The directory this made for the socket, removed by ``stop``.
+        self.own_dir = None if socket else short_socket_path().parent
+        self.socket = socket or self.own_dir / "model.sock"  # type: ignore[operator]
+        self.log = log
+        command = [sys.executable, "-m", "assistant.modelhost", "--socket", str(self.socket)]
+        command += ["--backend", backend]
+        if options is not None:
+            command += ["--options", json.dumps(options)]
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
+        self.client = ModelProcessEngine("test", {"SOCKET": str(self.socket)})
+        self.wait_until(lambda status: status.state != "starting", timeout=90)
+
+    def status(self) -> Any:
+        from assistant.engines import EngineUnavailable
+
         try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            return self.client.status_fetch()
+        except EngineUnavailable:
+            from assistant.modelhost.protocol import HostStatus
+
+            return HostStatus(state="starting")  # not bound yet
+
+    def wait_until(self, predicate: Any, timeout: float = 60) -> Any:
+        """The first status that satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                log = self.log.read_text(errors="replace")
+                raise RuntimeError(f"the model host exited:\n{log}")
+            status = self.status()
+            if predicate(status):
+                return status
+            time.sleep(0.02)
+        raise AssertionError(f"model host never got there: {self.status()}\n{self.log.read_text()}")
+
+    def kill_runner(self, sig: int) -> int:
+        """Send ``sig`` to the model process (not the supervisor); its pid."""
+        pid = int(self.status().pid)
+        assert pid > 0, self.status()
+        os.kill(pid, sig)
+        return pid
+
+    def stop(self) -> None:
+        terminate(self.process, timeout=15)
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
 
 
 def database_env(name: str) -> dict[str, str]:
@@ -95,6 +174,12 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
     port = free_port()
     events_file = workdir / f"engine-events-{port}.jsonl"
     log_file = workdir / f"daphne-{port}.log"
+    env = dict(env or {})
+    model_host = None
+    if env.get("CHATSITE_ENGINE") == "llamacpp" and "CHATSITE_MODEL_SOCKET" not in env:
+        # The embedded model runs in its own process, as ./scripts/run and systemd run it.
+        model_host = ModelHost(workdir / f"modelhost-{port}.log", env=env)
+        env["CHATSITE_MODEL_SOCKET"] = str(model_host.socket)
     full_env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "chatsite.settings",
@@ -106,7 +191,7 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         "CHATSITE_RESUME_GRACE_S": "0",
         "CHATSITE_CHAT_RATE": "100000",
         "PYTHONUNBUFFERED": "1",
-        **(env or {}),
+        **env,
     }
     process = subprocess.Popen(
         [
@@ -125,7 +210,9 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         stderr=subprocess.STDOUT,
         preexec_fn=die_with_parent,
     )
-    server = LiveServer(f"http://127.0.0.1:{port}", port, process, events_file, log_file)
+    server = LiveServer(
+        f"http://127.0.0.1:{port}", port, process, events_file, log_file, model_host=model_host
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

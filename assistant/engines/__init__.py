@@ -6,6 +6,7 @@ Each alias is built once per process and shared by every request.
 
 import logging
 import threading
+from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -32,6 +33,7 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "GenerationParams",
+    "describe_serving",
     "get_engine",
     "preload",
     "preload_serving",
@@ -78,6 +80,20 @@ def preload_serving() -> None:
     """Preload every engine a serving path uses."""
     for alias in sorted(set(settings.CHATSITE_SERVING["ENGINES"].values())):
         preload(alias)
+
+
+def describe_serving() -> dict[str, dict[str, Any]]:
+    """Alias to status, for every engine of a serving path that has a process of its own
+    (synchronous: each may ask its process, bounded)."""
+    described = {}
+    for alias in sorted(set(settings.CHATSITE_SERVING["ENGINES"].values())):
+        try:
+            info = get_engine(alias).describe()
+        except EngineUnavailable:
+            continue
+        if info is not None:
+            described[alias] = info
+    return described
 
 
 @receiver(setting_changed)

@@ -162,5 +162,11 @@ class BaseEngine(ABC):
         """Requests waiting for this engine in this process (0 for engines that batch)."""
         return 0
 
+    def describe(self) -> dict[str, Any] | None:
+        """What the staff dashboard shows about this engine's own process, if it has one
+        (synchronous; may ask it, bounded). None for engines that run in the worker or that
+        another team operates."""
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (HTTP clients, threads)."""

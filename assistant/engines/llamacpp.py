@@ -84,6 +84,8 @@ class LlamaCppEngine(BaseEngine):
         # The loop adds tickets and the engine thread takes them: both under this lock.
         self._queue_lock = threading.Lock()
         self._waiting: list[_Ticket] = []
+        #: The request the engine thread decodes (set and cleared under the queue lock).
+        self._decoding: _Ticket | None = None
 
     def load(self) -> None:
         with self._load_lock:
@@ -124,20 +126,32 @@ class LlamaCppEngine(BaseEngine):
         return len(self._waiting)
 
     def _position(self, ticket: _Ticket) -> int | None:
-        """1 when ``ticket`` is next, None once it left the line."""
+        """1 when ``ticket`` is next; None once it left the line, or when nothing is ahead of
+        it (the engine thread is about to take it)."""
         with self._queue_lock:
             if ticket.dequeued:
                 return None
-            return self._waiting.index(ticket) + 1
+            # Ahead: those before it in the line, and the one being decoded. One that was
+            # cancelled stops within a token; an idle thread is about to take the first.
+            busy = self._decoding is not None and not self._decoding.cancelled.is_set()
+            return (self._waiting.index(ticket) + busy) or None
 
-    def _dequeue(self, ticket: _Ticket) -> bool:
-        """Take ``ticket`` out of the line; False if the other side already did."""
+    def _dequeue(self, ticket: _Ticket, *, decode: bool = False) -> bool:
+        """Take ``ticket`` out of the line (``decode``: as the one the engine thread decodes
+        now, in the same step, so nobody behind it is ever told nothing is ahead); False if
+        the other side already did."""
         with self._queue_lock:
             if ticket.dequeued:
                 return False
             ticket.dequeued = True
             self._waiting.remove(ticket)
+            if decode:
+                self._decoding = ticket
             return True
+
+    def _decoded(self) -> None:
+        with self._queue_lock:
+            self._decoding = None
 
     def _chunks(self, messages: Sequence[ChatMessage], params: GenerationParams) -> Iterator[Any]:
         return self._llama.create_chat_completion(
@@ -154,11 +168,13 @@ class LlamaCppEngine(BaseEngine):
         ticket: _Ticket,
     ) -> None:
         """Runs on the engine thread: decode and hand each delta to the loop."""
-        if not self._dequeue(ticket):  # closed while it waited: nobody is listening
+        if not self._dequeue(ticket, decode=True):  # closed while it waited: nobody listens
             return
         cancelled = ticket.cancelled
         chunks = None
         try:
+            if cancelled.is_set():  # closed as its turn came: spare the prompt's evaluation
+                return
             self.load()
             chunks = self._chunks(messages, params)
             for chunk in chunks:
@@ -174,6 +190,7 @@ class LlamaCppEngine(BaseEngine):
         finally:
             if chunks is not None:
                 chunks.close()  # type: ignore[attr-defined]
+            self._decoded()
             emit(_END)
 
     async def stream(
@@ -193,8 +210,11 @@ class LlamaCppEngine(BaseEngine):
             self._waiting.append(ticket)
         job = loop.run_in_executor(self._executor, self._generate, messages, params, emit, ticket)
         started = False
-        told: int | None = None
+        # Somebody ahead: the page hears its place at once, not one poll later.
+        told = self._position(ticket)
         try:
+            if told is not None:
+                yield Delta("", queue_position=told)
             while True:
                 if started:
                     item = await queue.get()

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import ROOT, LiveServer, free_port
+from tests.support import ROOT, Event, LiveServer, free_port, wait_for
 
 
 def metric(server: LiveServer, name: str, **labels: str) -> float:
@@ -28,6 +28,20 @@ def metric(server: LiveServer, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     )
+
+
+def assert_partial_answer_kept(events: list[Event], error_code: str) -> None:
+    """What the stream's ``events`` showed before it failed is stored as a partial answer, and
+    its record says it failed with ``error_code`` (a test with database access)."""
+    from assistant.models import Message, StreamRecord
+
+    meta = events[0].json()
+    answer = wait_for(lambda: Message.objects.filter(id=meta["message"]).first())
+    assert answer.status == "partial"
+    text = "".join(e.json()["text"] for e in events if e.event == "token")
+    assert answer.content == text and answer.content
+    record = wait_for(lambda: StreamRecord.objects.filter(request_id=meta["request_id"]).first())
+    assert (record.outcome, record.error_code) == ("engine_error", error_code)
 
 
 def postgres_bin(tool: str) -> str | None:

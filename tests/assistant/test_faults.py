@@ -17,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from assistant.models import Message, StreamRecord
+from assistant.models import StreamRecord
 from tests.assistant.faults_support import (
     SilentUpstream,
     ThrowawayPostgres,
+    assert_partial_answer_kept,
     metric,
     postgres_bin,
 )
@@ -254,12 +255,7 @@ def test_the_model_server_dying_mid_answer_ends_the_stream_with_an_error(
     error = events[-1].json()
     assert error["code"] == "upstream_closed"
     assert "stopped unexpectedly" in error["message"]
-    meta = events[0].json()
-    answer = wait_for(lambda: Message.objects.filter(id=meta["message"]).first())
-    assert answer.status == "partial"
-    assert answer.content == text_of(events) and answer.content
-    record = wait_for(lambda: StreamRecord.objects.filter(request_id=meta["request_id"]).first())
-    assert (record.outcome, record.error_code) == ("engine_error", "upstream_closed")
+    assert_partial_answer_kept(events, "upstream_closed")
     assert metric(server, CONNECTION_ERRORS, reason="upstream_closed") == 1
 
     second = ChatClient(server)

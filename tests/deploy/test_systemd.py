@@ -37,9 +37,12 @@ MIGRATE = "chatsite-migrate.service"
 METRICS_DIR = "chatsite-metrics-dir.service"
 TARGET = "chatsite.target"
 VLLM = "vllm.service"
+MODEL = "chatsite-model.service"
 # What verify loads: every shipped unit, the template as the two instances nginx proxies to.
-VERIFIED = (TARGET, "chatsite@8001.service", "chatsite@8002.service", MIGRATE, METRICS_DIR, VLLM)
-CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR)
+VERIFIED = (
+    TARGET, "chatsite@8001.service", "chatsite@8002.service", MIGRATE, METRICS_DIR, MODEL, VLLM,
+)  # fmt: skip
+CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL)
 
 # The example install's executables, and what a rendering runs instead (each must occur).
 EXAMPLE_EXECUTABLES = {
@@ -84,6 +87,8 @@ VLLM_FORBIDDEN_FLAGS = {
 NOT_FOR_PRODUCTION = {
     r"CHATSITE_(CANDIDATE_)?SCRIPTED_\w+": "the scripted engine is the tests' stand-in for a model",
     r"CHATSITE_SQLITE_PATH": "the local profile's database file; production uses DATABASE_URL",
+    r"CHATSITE_(CANDIDATE_)?MODEL_SOCKET": "the units set it beside the directory it names; the "
+    "environment file would override them",
 }
 # Assignments in env.example that hold secrets: shipped empty or with an obvious placeholder.
 SECRETS = ("DJANGO_SECRET_KEY", "DATABASE_URL", "CHATSITE_VLLM_API_KEY")
@@ -370,6 +375,32 @@ def test_metrics_directory_is_shared_and_owned_by_the_oneshot() -> None:
     assert "PROMETHEUS_MULTIPROC_DIR" in words(migrate, "Service", "UnsetEnvironment")
     # The environment file would override the units' Environment= lines.
     assert "PROMETHEUS_MULTIPROC_DIR" not in env_file(ENV_EXAMPLE.read_text())
+
+
+def test_model_process_serves_every_worker_on_the_socket_it_owns() -> None:
+    """One supervised model process per host: ready only once loaded, ordered before the
+    workers, its socket in its own runtime directory under the path the workers are given,
+    its restarts counted in the workers' metrics directory."""
+    model, worker = unit(MODEL), unit(WORKER)
+    assert exec_argv(model)[1:] == ["-m", "assistant.modelhost"]
+    assert value(model, "Service", "Type") == "notify"
+    assert value(model, "Service", "NotifyAccess") == "main"
+    # SIGTERM to the supervisor alone: it stops the model process and removes the socket.
+    assert value(model, "Service", "KillMode") == "mixed"
+    socket_path = environment(model)["CHATSITE_MODEL_SOCKET"]
+    assert socket_path == environment(worker)["CHATSITE_MODEL_SOCKET"]
+    assert Path(socket_path).parent == Path("/run") / value(model, "Service", "RuntimeDirectory")
+    assert MODEL in words(worker, "Unit", "After")
+    assert MODEL not in words(worker, "Unit", "Requires")  # not needed with vLLM
+    directory = "/run/" + value(unit(METRICS_DIR), "Service", "RuntimeDirectory")
+    assert environment(model)["PROMETHEUS_MULTIPROC_DIR"] == directory
+    assert directory in words(model, "Service", "ReadWritePaths")
+    assert METRICS_DIR in words(model, "Unit", "Requires")
+    assert "chatsite.target" in words(model, "Unit", "PartOf")
+    assert "chatsite.target" in words(model, "Install", "WantedBy")
+    assert int(value(model, "Service", "OOMScoreAdjust")) > 0
+    for key, expected in SANDBOX.items():
+        assert value(model, "Service", key) == expected, key
 
 
 # --- vllm.service ---------------------------------------------------------------------------

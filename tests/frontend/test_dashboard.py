@@ -6,6 +6,7 @@ chat page in a second browser context (which reports its own).
 """
 
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from assistant import errors
 from tests.frontend.test_chat_page import ask, wait_finished
-from tests.support import ChatClient, LiveServer
+from tests.support import ChatClient, LiveServer, ModelHost
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -64,12 +65,17 @@ def staff_username() -> str:
 
 @pytest.fixture
 def dashboard(browser: Browser, daphne: LiveServer, staff_username: str) -> Iterator[Page]:
+    """The dashboard on the scripted engine's server."""
+    yield from dashboard_open(browser, daphne, staff_username)
+
+
+def dashboard_open(browser: Browser, server: LiveServer, staff_username: str) -> Iterator[Page]:
     """The dashboard, logged in as staff through /admin/login/, with its first snapshot drawn.
 
     Uncaught exceptions in the page, and anything its Content-Security-Policy blocks, fail the
     test.
     """
-    context = browser.new_context(base_url=daphne.url, viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000})
     context.add_init_script(CSP_VIOLATIONS)
     page = context.new_page()
     errors: list[Exception] = []
@@ -246,3 +252,28 @@ def test_a_refused_change_shows_the_servers_reason(dashboard: Page) -> None:
     expect(page.locator("#split-percent")).to_have_value("37.5")
     expect(page.locator("#split-mode")).to_have_value("force_candidate")
     expect(page.locator("#split-current")).to_have_attribute("data-mode", "auto")
+
+
+def test_the_model_process_card_shows_its_restarts(
+    browser: Browser, daphne_factory, staff_username: str, tmp_path: Path
+) -> None:
+    """With the embedded engine's process (hosting the scripted engine, for speed), the card
+    says it answers; after a SIGKILL it counts the restart and says how the last one ended."""
+    host = ModelHost(
+        tmp_path / "modelhost.log", backend="assistant.engines.scripted.ScriptedEngine"
+    )
+    server = daphne_factory(CHATSITE_ENGINE="llamacpp", CHATSITE_MODEL_SOCKET=str(host.socket))
+    try:
+        for page in dashboard_open(browser, server, staff_username):
+            card, rows = page.locator("#engines-card"), page.locator("#engines")
+            expect(card).to_be_visible()
+            expect(rows).to_contain_text("answering")
+            expect(rows).to_have_attribute("data-restarts", "0")
+            host.kill_runner(signal.SIGKILL)
+            host.wait_until(lambda status: status.state == "up" and status.restarts == 1)
+            expect(rows).to_have_attribute("data-restarts", "1", timeout=10_000)
+            expect(rows).to_contain_text("SIGKILL")
+            expect(rows).to_contain_text("answering")
+    finally:
+        server.stop()
+        host.stop()

@@ -8,6 +8,7 @@
 // modules under ./dashboard/.
 import { safeJSON } from "./stream.js";
 import { byId, setText } from "./dashboard/dom.js";
+import { drawEngines } from "./dashboard/engines.js";
 import { clearPaths, drawBreaker, drawPath, drawRatio } from "./dashboard/figures.js";
 import { fmtClock } from "./dashboard/format.js";
 import { binRange, clearHistograms, drawHistogram } from "./dashboard/histograms.js";
@@ -72,6 +73,7 @@ function draw(snapshot) {
   }
   drawRatio(snapshot);
   drawBreaker(snapshot.breaker, snapshot.generated_at);
+  drawEngines(snapshot.engines, snapshot.generated_at);
   drawSplit(snapshot.split, snapshot.candidate, snapshot.baseline);
   drawSlowest(snapshot.slowest);
 
