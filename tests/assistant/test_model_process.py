@@ -9,12 +9,9 @@ the crash tests run the real SmolLM2 model. Time bounds are generous sanity chec
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import socket
-import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +23,7 @@ import pytest
 from assistant.engines import ChatMessage, EngineError, EngineUnavailable, GenerationParams
 from assistant.engines.model_process import ModelProcessEngine
 from assistant.modelhost import protocol
-from assistant.modelhost.protocol import End, Failure, HostStatus, Waiting
-from assistant.modelhost.supervisor import exit_reason, restart_delay
+from assistant.modelhost.protocol import Failure
 from tests.assistant.faults_support import assert_partial_answer_kept, metric
 from tests.support import ChatClient, Event, ModelHost, short_socket_path, wait_for
 
@@ -64,88 +60,6 @@ def engine_events(host: ModelHost) -> list[dict]:
 
 async def collect(engine: ModelProcessEngine, question: list[ChatMessage]) -> list:
     return [delta async for delta in engine.stream(question, GenerationParams(max_tokens=64))]
-
-
-# --- the wire format ----------------------------------------------------------------------------
-
-
-def test_requests_and_replies_round_trip_exactly() -> None:
-    """Every message survives the wire unchanged, Chinese text and all."""
-    params = GenerationParams(max_tokens=7, temperature=0.0, repeat_penalty=1.2)
-    request = protocol.request_parse(protocol.generate_request(QUESTION, params))
-    assert (request.op, request.messages, request.params) == ("generate", tuple(QUESTION), params)
-    assert protocol.request_parse(protocol.STATUS_REQUEST).op == "status"
-
-    from assistant.engines import Delta
-
-    for reply in (
-        Delta("植物", finish_reason=None),
-        Delta("", finish_reason="stop"),
-        Delta("", queue_position=3),
-        Waiting(2),
-        Failure("no_model", "missing", started=True),
-        End(),
-        HostStatus(state="down", restarts=2, last_exit="SIGSEGV", code="engine_restarting"),
-    ):
-        if isinstance(reply, Delta):
-            line = protocol.delta_line(reply)
-        elif isinstance(reply, Waiting):
-            line = protocol.waiting_line(reply.others)
-        elif isinstance(reply, Failure):
-            line = protocol.failure_line(reply)
-        elif isinstance(reply, HostStatus):
-            line = protocol.hello_line(reply)
-        else:
-            line = protocol.END
-        assert line.endswith(b"\n") and line.count(b"\n") == 1
-        assert protocol.reply_parse(line) == reply
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"{", b"[]", b'{"op": "delete"}', b'{"op": "generate"}',
-     b'{"op": "generate", "messages": [{"role": "root", "content": "x"}]}',
-     b'{"op": "generate", "messages": [], "params": {"bogus": 1}}'],
-)  # fmt: skip
-def test_a_malformed_request_is_a_protocol_error(line: bytes) -> None:
-    with pytest.raises(protocol.ProtocolError):
-        protocol.request_parse(line)
-
-
-def test_restarts_back_off_while_the_model_process_keeps_dying() -> None:
-    """Immediate after a first end, then 0.5 s doubling to at most 30 s."""
-    assert [restart_delay(n) for n in range(1, 10)] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
-    assert exit_reason(-signal.SIGSEGV) == ("SIGSEGV", "SIGSEGV")
-    assert exit_reason(-signal.SIGUSR1) == ("SIGUSR1", "signal")
-    assert exit_reason(3) == ("exit 3", "load_failed")
-    assert exit_reason(1) == ("exit 1", "exit")
-
-
-def test_the_socket_is_only_bound_where_it_is_safe(tmp_path: Path) -> None:
-    """Never over a file that is not a socket, never in a directory others can write to, and
-    never over a socket another supervisor serves; the socket itself is 0660."""
-    from assistant.modelhost.supervisor import bind
-
-    private = Path(tempfile.mkdtemp(prefix="chm-"))
-    try:
-        (private / "file").write_text("keep me")
-        with pytest.raises(SystemExit, match="not a socket"):
-            bind(private / "file")
-        assert (private / "file").read_text() == "keep me"
-        listener = bind(private / "model.sock")
-        try:
-            assert stat.S_IMODE(os.stat(private / "model.sock").st_mode) == 0o660
-            with pytest.raises(SystemExit, match="already serves"):
-                bind(private / "model.sock")
-        finally:
-            listener.close()
-        shared = private / "shared"
-        shared.mkdir()
-        shared.chmod(0o777)
-        with pytest.raises(SystemExit, match="only it writes"):
-            bind(shared / "model.sock")
-    finally:
-        shutil.rmtree(private)
 
 
 # --- the process boundary, with the scripted engine ---------------------------------------------
