@@ -156,10 +156,10 @@ class BaseEngine(ABC):
     def contended(self) -> bool:
         """Another request waits for this engine because it answers one at a time. An answer
         nobody listens to gives the engine up then (services/resume.py)."""
-        return False
+        return self.queue_depth() > 0
 
     def queue_depth(self) -> int:
-        """Requests waiting for this engine in this process (0 for engines that batch)."""
+        """Requests waiting for this engine (0 for engines that batch)."""
         return 0
 
     def describe(self) -> dict[str, Any] | None:

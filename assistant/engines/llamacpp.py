@@ -118,9 +118,6 @@ class LlamaCppEngine(BaseEngine):
         if self._llama is None and self._load_error is not None:
             raise self._load_error
 
-    def contended(self) -> bool:
-        return self.queue_depth() > 0
-
     def queue_depth(self) -> int:
         """Requests waiting for the engine thread, not counting the one it is decoding."""
         return len(self._waiting)

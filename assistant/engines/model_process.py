@@ -13,7 +13,6 @@ their response starts (503), and asks it again in a thread at most every ``RECHE
 
 import asyncio
 import contextlib
-import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -27,8 +26,6 @@ from assistant.modelhost.protocol import End, Failure, HostStatus, Waiting
 
 from .base import BaseEngine, ChatMessage, Delta, EngineError, EngineUnavailable, GenerationParams
 from .llamacpp import LlamaCppEngine
-
-logger = logging.getLogger(__name__)
 
 #: Seconds a "down" status stands before ``check`` asks the model process again.
 RECHECK_S = 0.5
@@ -69,6 +66,16 @@ class ModelProcessEngine(BaseEngine):
             code=status.code or "engine_restarting",
         )
 
+    def _not_running(self) -> EngineUnavailable:
+        """Nothing serves the socket: noted as down, and the error to raise."""
+        status = HostStatus(
+            state="down",
+            code="model_process_down",
+            message=NOT_RUNNING.format(path=self.socket_path),
+        )
+        self._note(status)
+        return self._unavailable(status)
+
     def status_fetch(self) -> HostStatus:
         """Ask the model process how it is (blocking, bounded by ``STATUS_TIMEOUT_S``).
 
@@ -83,9 +90,7 @@ class ModelProcessEngine(BaseEngine):
             except TimeoutError:
                 status = HostStatus(state="starting")
             except OSError as exc:
-                message = NOT_RUNNING.format(path=self.socket_path)
-                self._note(HostStatus(state="down", code="model_process_down", message=message))
-                raise EngineUnavailable(message, code="model_process_down") from exc
+                raise self._not_running() from exc
             else:
                 try:
                     reply = protocol.reply_parse(line) if line.endswith(b"\n") else None
@@ -137,10 +142,9 @@ class ModelProcessEngine(BaseEngine):
                 code=status.code or f"model_process_{status.state}",
             )
 
-    def contended(self) -> bool:
-        return self._others > 0
-
     def queue_depth(self) -> int:
+        """Other requests the model process holds: the one it decodes answers alone, so for
+        an answer of ours any other is waiting, or waited on."""
         return self._others
 
     async def _connect(self) -> Connection:
@@ -149,9 +153,7 @@ class ModelProcessEngine(BaseEngine):
                 str(self.socket_path), limit=protocol.MAX_LINE_BYTES
             )
         except OSError as exc:
-            message = NOT_RUNNING.format(path=self.socket_path)
-            self._note(HostStatus(state="down", code="model_process_down", message=message))
-            raise EngineUnavailable(message, code="model_process_down") from exc
+            raise self._not_running() from exc
 
     @staticmethod
     async def _reply(reader: asyncio.StreamReader) -> protocol.Reply:
@@ -195,17 +197,15 @@ class ModelProcessEngine(BaseEngine):
             writer.transport.abort()
             raise self._unavailable(hello)
         self._open += 1
-        started = False
         try:
             while True:
                 reply = await self._reply(reader)
                 if isinstance(reply, Delta):
-                    started = started or bool(reply.text)
                     yield reply
                 elif isinstance(reply, Waiting):
                     self._others = reply.others
                 elif isinstance(reply, Failure):
-                    error = EngineError if reply.started or started else EngineUnavailable
+                    error = EngineError if reply.started else EngineUnavailable
                     raise error(reply.message, code=reply.code)
                 elif isinstance(reply, End):
                     return

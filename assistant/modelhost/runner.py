@@ -103,7 +103,7 @@ class Runner:
             nonlocal closed_by_worker
             # b"" once the worker closes (it sends nothing else); a reset if it closed with
             # a line of ours still unread.
-            with contextlib.suppress(ConnectionError, OSError):
+            with contextlib.suppress(OSError):  # ConnectionResetError among them
                 await reader.read(1)
             closed_by_worker = True
             task.cancel()

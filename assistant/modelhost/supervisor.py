@@ -309,11 +309,14 @@ class Supervisor:
 
 
 def _options_from_env() -> dict[str, Any]:
-    """The embedded engine's options from the same variables the web workers read."""
+    """The embedded engine's options from the variables and defaults chatsite/settings.py
+    gives ``llamacpp-inprocess``."""
+    from chatsite.env import env_int, env_str
+
     return {
-        "MODEL_PATH": os.environ.get("CHATSITE_LLAMACPP_MODEL_PATH", ""),
-        "N_THREADS": int(os.environ.get("CHATSITE_LLAMACPP_THREADS") or 0),
-        "N_CTX": int(os.environ.get("CHATSITE_LLAMACPP_N_CTX") or 2048),
+        "MODEL_PATH": env_str("CHATSITE_LLAMACPP_MODEL_PATH"),
+        "N_THREADS": env_int("CHATSITE_LLAMACPP_THREADS", 0),
+        "N_CTX": env_int("CHATSITE_LLAMACPP_N_CTX", 2048),
     }
 
 

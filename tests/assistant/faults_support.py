@@ -30,6 +30,14 @@ def metric(server: LiveServer, name: str, **labels: str) -> float:
     )
 
 
+def kinds(events: list[Event]) -> list[str]:
+    return [e.event for e in events]
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.json()["text"] for e in events if e.event == "token")
+
+
 def assert_partial_answer_kept(events: list[Event], error_code: str) -> None:
     """What the stream's ``events`` showed before it failed is stored as a partial answer, and
     its record says it failed with ``error_code`` (a test with database access)."""
@@ -38,8 +46,7 @@ def assert_partial_answer_kept(events: list[Event], error_code: str) -> None:
     meta = events[0].json()
     answer = wait_for(lambda: Message.objects.filter(id=meta["message"]).first())
     assert answer.status == "partial"
-    text = "".join(e.json()["text"] for e in events if e.event == "token")
-    assert answer.content == text and answer.content
+    assert answer.content == text_of(events) and answer.content
     record = wait_for(lambda: StreamRecord.objects.filter(request_id=meta["request_id"]).first())
     assert (record.outcome, record.error_code) == ("engine_error", error_code)
 

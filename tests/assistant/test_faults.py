@@ -22,10 +22,12 @@ from tests.assistant.faults_support import (
     SilentUpstream,
     ThrowawayPostgres,
     assert_partial_answer_kept,
+    kinds,
     metric,
     postgres_bin,
+    text_of,
 )
-from tests.support import ChatClient, Event, LiveServer, ModelServer, start_daphne, wait_for
+from tests.support import ChatClient, LiveServer, ModelServer, start_daphne, wait_for
 
 PERSIST_FAILURES = "ai_persistence_failures_total"
 CONNECTION_ERRORS = "ai_sse_connection_errors_total"
@@ -83,10 +85,6 @@ def short_budget(pg_worker: Callable[..., LiveServer]) -> LiveServer:
     return pg_worker(CHATSITE_PERSIST_RETRY_S="1")
 
 
-def kinds(events: list[Event]) -> list[str]:
-    return [e.event for e in events]
-
-
 def stored_exchange(postgres: ThrowawayPostgres, meta: dict[str, str]) -> list[tuple] | None:
     """The messages of ``meta``'s conversation, once its stream record is stored too."""
     record = postgres.query(
@@ -104,10 +102,6 @@ def stored_exchange(postgres: ThrowawayPostgres, meta: dict[str, str]) -> list[t
 def given_up(server: LiveServer, row_id: str) -> bool:
     """Whether the worker's log names ``row_id`` among rows it could not store."""
     return any("Could not store" in line and row_id in line for line in server.log().splitlines())
-
-
-def text_of(events: list[Event]) -> str:
-    return "".join(e.json()["text"] for e in events if e.event == "token")
 
 
 def test_an_outage_mid_lesson_loses_nothing_once_the_database_is_back(

@@ -24,20 +24,12 @@ from assistant.engines import ChatMessage, EngineError, EngineUnavailable, Gener
 from assistant.engines.model_process import ModelProcessEngine
 from assistant.modelhost import protocol
 from assistant.modelhost.protocol import Failure
-from tests.assistant.faults_support import assert_partial_answer_kept, metric
-from tests.support import ChatClient, Event, ModelHost, short_socket_path, wait_for
+from tests.assistant.faults_support import assert_partial_answer_kept, kinds, metric
+from tests.support import ChatClient, ModelHost, short_socket_path, wait_for
 
 SCRIPTED = "assistant.engines.scripted.ScriptedEngine"
 QUESTION = [ChatMessage("user", "光合作用是什么? What is photosynthesis?")]
 LONG_QUESTION = "Write a very long story about a dragon who learns to read."
-
-
-def kinds(events: list[Event]) -> list[str]:
-    return [e.event for e in events]
-
-
-def text_of(events: list[Event]) -> str:
-    return "".join(e.json()["text"] for e in events if e.event == "token")
 
 
 @pytest.fixture
