@@ -24,6 +24,7 @@ from assistant import errors, http
 from assistant.errors import Rejected
 from assistant.services import background
 from assistant.services.chat_request import request_id_choose
+from assistant.services.clients import scope_client
 from assistant.services.frames import Heartbeat, ping_interval, server_error_frame
 from assistant.services.resume import ResumableStream, resumable_open
 from assistant.services.stream_start import chat_stream_start
@@ -122,6 +123,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self, error: errors.ApiError, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
         self.response_started = True
+        http.refusal(error)
         await self.send_response(
             error.status, error.body(), headers=http.json_response_headers(extra)
         )
@@ -151,6 +153,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             stream = await chat_stream_start(
                 body=body,
                 session_key=http.session_key(request),
+                client=scope_client(scope),
                 request_id=request_id,
                 path=self.path_name,
                 timings=self.timings,
@@ -169,11 +172,11 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             contended=stream.engine.contended,
         )
         resumable.attach()  # this response is its first listener
+        stream.heard_by(resumable)
         heartbeat = Heartbeat(self.send_frame, ping_interval())
         beating: asyncio.Task[None] | None = None
         try:
-            headers = http.sse_headers(request_id, stream.identity.set_cookie)
-            await self.send_headers(status=200, headers=headers)
+            await self.send_headers(status=200, headers=http.sse_headers(request_id))
             beating = asyncio.create_task(heartbeat.run())
             async with aclosing(chat_stream_body(stream)) as frames:
                 async for frame in frames:

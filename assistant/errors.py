@@ -68,6 +68,29 @@ STREAM_ACTIVE = ApiError(
     "stream_active",
     "An answer is still coming in another tab or window. Wait for it, or stop it, first.",
 )
+SESSION_REQUIRED = ApiError(
+    403, "session_required", "Your session has expired. Reload the page to go on."
+)
+NEW_SESSIONS_LIMITED = ApiError(
+    429,
+    "new_sessions_limited",
+    "Too many new visitors from your network in the last minute. Please try again shortly.",
+)
+ADDRESS_BUSY = ApiError(
+    429,
+    "address_busy",
+    "Too many answers are streaming to your network at once. Please try again in a few seconds.",
+)
+#: Why an answer was stopped to let another request onto a full engine (``error`` events).
+GIVEN_UP = {
+    "fair_share": ApiError(
+        503,
+        "fair_share",
+        "Your network was streaming more answers than its share, so this one was stopped to "
+        "let another student in. Ask again in a moment.",
+    ),
+    "unheard": ApiError(503, "unheard", "This answer was stopped because nobody was reading it."),
+}
 ENGINE_BUSY = ApiError(
     503, "engine_busy", "Many students are asking right now. Please try again in a few seconds."
 )

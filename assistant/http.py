@@ -9,7 +9,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http.request import split_domain_port, validate_host
 from django.middleware.csrf import CsrfViewMiddleware
 
-from assistant import errors
+from assistant import errors, metrics
 
 
 class _CsrfCheck(CsrfViewMiddleware):
@@ -85,6 +85,14 @@ def is_json(content_type: str | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == "application/json"
 
 
+def refusal(error: errors.ApiError) -> errors.ApiError:
+    """Count ``error`` as a refused request (``ai_rejections_total{reason}``), and return it:
+    every JSON error the chat API answers goes through here (a 500 is a failure, not counted)."""
+    if error.status != 500:
+        metrics.REJECTIONS.labels(reason=error.code).inc()
+    return error
+
+
 def json_response_headers(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> list[tuple[bytes, bytes]]:
@@ -96,17 +104,14 @@ def json_response_headers(
     ]
 
 
-def sse_headers(request_id: str, set_cookie: str | None) -> list[tuple[bytes, bytes]]:
+def sse_headers(request_id: str) -> list[tuple[bytes, bytes]]:
     """The response headers of a chat stream, the same on every serving path."""
     # No Content-Length (the body is open-ended), no Content-Encoding (compression buffers), and
     # no hand-set Transfer-Encoding: the server chooses chunking for HTTP/1.1 clients itself.
-    headers = [
+    return [
         (b"content-type", b"text/event-stream; charset=utf-8"),
         (b"cache-control", b"no-cache, no-transform"),
         (b"x-accel-buffering", b"no"),
         (b"x-content-type-options", b"nosniff"),
         (b"x-request-id", request_id.encode("ascii")),
     ]
-    if set_cookie:
-        headers.append((b"set-cookie", set_cookie.encode("latin-1")))
-    return headers

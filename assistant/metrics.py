@@ -103,3 +103,16 @@ MODEL_PROCESS_UP = Gauge(
     "1 while the embedded model's process is loaded and answering.",
     multiprocess_mode="livemax",
 )
+REJECTIONS = Counter(
+    "ai_rejections",
+    "Requests refused before an answer started, by error code (session_required, "
+    "new_sessions_limited, address_busy, rate_limited, stream_active, engine_busy, csrf_failed, "
+    "invalid_json, ...): floods show here.",
+    ["reason"],
+)
+STREAMS_GIVEN_UP = Counter(
+    "ai_streams_given_up",
+    "Answers stopped to let another request onto a full engine: unheard (nobody was listening "
+    "any more) or fair_share (its address held more than its share of the engine).",
+    ["reason"],
+)

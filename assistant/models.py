@@ -63,6 +63,8 @@ class StreamRecord(models.Model):
         SERVER_ERROR = "server_error"
         #: The client stopped reading; the stream was dropped rather than buffered without end.
         SLOW_CLIENT = "slow_client"
+        #: Stopped to let another request onto a full engine (error_code: unheard, fair_share).
+        GIVEN_UP = "given_up"
 
     request_id = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")

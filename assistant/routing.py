@@ -44,6 +44,7 @@ class ChatStreamRouter:
         refused = http.preflight_error(scope)
         if refused is not None:
             error, extra = refused
+            http.refusal(error)
             headers = http.json_response_headers(extra)
             await send({"type": "http.response.start", "status": error.status, "headers": headers})
             await send({"type": "http.response.body", "body": error.body()})

@@ -20,6 +20,7 @@ from assistant.errors import Rejected
 from assistant.selectors import answer_saved
 from assistant.services import background
 from assistant.services.chat_request import request_id_choose, request_id_valid
+from assistant.services.clients import scope_client
 from assistant.services.frames import ping_interval
 from assistant.services.identity import owner_key_for
 from assistant.services.resume import resumable_find, resumable_open, resumable_stop
@@ -37,6 +38,7 @@ def api_error(
     error: errors.ApiError, headers: list[tuple[bytes, bytes]] | None = None
 ) -> HttpResponse:
     """An ``ApiError`` as the JSON response both serving paths send."""
+    http.refusal(error)
     response = HttpResponse(error.body(), status=error.status)
     for name, value in http.json_response_headers(headers):
         response.headers[name.decode("ascii")] = value.decode("latin-1")
@@ -58,6 +60,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
         stream = await chat_stream_start(
             body=body,
             session_key=http.session_key(request),
+            client=scope_client(request.scope),  # type: ignore[attr-defined]
             request_id=request_id,
             path=PATH_NAME,
             timings=timings,
@@ -81,11 +84,12 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
         # The answer writes into the buffer: frames waiting there are unread by the client too,
         # so a reader that stalls is noticed while the answer is still being generated.
         stream.connection = stream.connection.behind(resumable.unread)
+    stream.heard_by(resumable)
     answering = asyncio.create_task(chat_stream_into(stream, resumable))
     background.adopt(answering)
     resumable.stop = answering.cancel
     body = _reader_guarded(resumable.listen(0, ping_interval()), stream, answering)
-    return event_stream(body, request_id, stream.identity.set_cookie)
+    return event_stream(body, request_id)
 
 
 async def _reader_guarded(
@@ -106,11 +110,9 @@ async def _reader_guarded(
             return
 
 
-def event_stream(
-    body: AsyncIterator[bytes], request_id: str, set_cookie: str | None
-) -> StreamingHttpResponse:
+def event_stream(body: AsyncIterator[bytes], request_id: str) -> StreamingHttpResponse:
     response = StreamingHttpResponse(body, status=200)
-    for name, value in http.sse_headers(request_id, set_cookie):
+    for name, value in http.sse_headers(request_id):
         response.headers[name.decode("ascii")] = value.decode("latin-1")
     return response
 
@@ -148,7 +150,7 @@ async def chat_resume(request: HttpRequest) -> HttpResponseBase:
         return HttpResponse(
             json.dumps(payload), status=expired.status, content_type="application/json"
         )
-    return event_stream(resumable.listen(last_id, ping_interval()), request_id, None)
+    return event_stream(resumable.listen(last_id, ping_interval()), request_id)
 
 
 async def chat_stop(request: HttpRequest) -> HttpResponseBase:

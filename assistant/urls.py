@@ -6,6 +6,7 @@ app_name = "assistant"
 
 urlpatterns = [
     path("", views.chat_page, name="chat"),
+    path("api/session", views.session_renew, name="session"),
     path("api/chat/beacon", views.beacon, name="beacon"),
     # Reached through the ASGI router (chatsite/asgi.py) when it picks the "django" path.
     path("api/chat/stream", stream_views.chat_stream, name="stream"),

@@ -14,23 +14,34 @@ from assistant import errors, http, selectors
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.beacons import Beacon, beacon_apply, beacon_parse
-from assistant.services.identity import owner_key_for, session_ensure
+from assistant.services.clients import request_client
+from assistant.services.identity import owner_key_for, session_issue, session_live
 from assistant.services.ratelimit import rate_limit_hit
 
 #: How long a beacon waits for its stream's record (stored as the stream ends).
 BEACON_WAIT_S = 3.0
 
 
-def _owner_key(request: HttpRequest) -> str:
-    session_ensure(request.session)
+def _owner_key(request: HttpRequest) -> str | None:
+    """Whose request this is; None for a visitor without a session (only the page issues one)."""
+    if not request.user.is_authenticated and not session_live(request.session):
+        return None
     return owner_key_for(request.user, request.session.session_key)
 
 
 @require_GET
 @ensure_csrf_cookie
 def chat_page(request: HttpRequest) -> HttpResponse:
-    """The chat page. Also hands out the CSRF cookie and the session the stream needs."""
-    _owner_key(request)
+    """The chat page. Also hands out the CSRF cookie and the session the stream needs, a limited
+    number of new ones per address and minute (429 beyond, with a page that tries again)."""
+    try:
+        session_issue(request.session, client=request_client(request))
+    except Rejected as refused:
+        http.refusal(refused.error)
+        context = {"message": refused.error.message, "retry_after": refused.retry_after}
+        response = render(request, "assistant/busy.html", context, status=refused.error.status)
+        response.headers["Retry-After"] = str(refused.retry_after)
+        return response
     config = settings.CHATSITE_STREAM
     context = {
         "ping_interval_ms": int(config["PING_INTERVAL"] * 1000),
@@ -39,17 +50,33 @@ def chat_page(request: HttpRequest) -> HttpResponse:
     return render(request, "assistant/chat.html", context)
 
 
+@require_POST
+def session_renew(request: HttpRequest) -> HttpResponse:
+    """``POST /api/session``: a new session for a page whose session expired (the stream said
+    ``session_required``); 204, or 429 ``new_sessions_limited`` with Retry-After."""
+    try:
+        session_issue(request.session, client=request_client(request))
+    except Rejected as refused:
+        http.refusal(refused.error)
+        return _error(refused.error, **{"Retry-After": str(refused.retry_after)})
+    return HttpResponse(status=204)
+
+
 @require_GET
 def conversations(request: HttpRequest) -> JsonResponse:
-    items = selectors.conversation_list(owner_key=_owner_key(request))
+    owner_key = _owner_key(request)
+    items = [] if owner_key is None else selectors.conversation_list(owner_key=owner_key)
     return JsonResponse({"conversations": items})
 
 
 @require_GET
 def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> JsonResponse:
-    messages = selectors.conversation_messages(
-        owner_key=_owner_key(request), conversation_id=conversation_id
-    )
+    owner_key = _owner_key(request)
+    messages = None
+    if owner_key is not None:
+        messages = selectors.conversation_messages(
+            owner_key=owner_key, conversation_id=conversation_id
+        )
     if messages is None:
         return _error(errors.CONVERSATION_NOT_FOUND)
     return JsonResponse({"id": str(conversation_id), "messages": messages})
@@ -63,6 +90,8 @@ def _beacon_sync(
     request: HttpRequest, beacon: Beacon, *, first_try: bool
 ) -> tuple[object, int | None]:
     owner_key = _owner_key(request)
+    if owner_key is None:
+        raise Rejected(errors.SESSION_REQUIRED)
     if first_try:
         limit, window = settings.CHATSITE_RATE_LIMITS["beacon"]
         retry_after = rate_limit_hit(scope="beacon", key=owner_key, limit=limit, window_s=window)

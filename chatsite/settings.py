@@ -315,6 +315,17 @@ CHATSITE_BREAKER = {
     "EVALUATE_S": float(env_str("CHATSITE_BREAKER_EVALUATE_S", "2")),
 }
 
+# Who a request comes from, and what one address may do. Behind nginx the address is the one
+# nginx saw (X-Forwarded-For / X-Real-IP), believed only from TRUSTED_PROXIES. A school puts a
+# whole class behind one NAT address: the defaults let 120 students share one (docs/deploy.md).
+CHATSITE_CLIENTS = {
+    "TRUSTED_PROXIES": env_list("CHATSITE_TRUSTED_PROXIES", "127.0.0.1,::1"),
+    # New sessions (first visits to the page) one address may start per minute; 0: no limit.
+    "NEW_SESSIONS_PER_MINUTE": env_int("CHATSITE_NEW_SESSIONS_PER_MINUTE", 120),
+    # Answers one address may have streaming at once, per worker and engine; 0: no limit.
+    "STREAMS_PER_ADDRESS": env_int("CHATSITE_STREAMS_PER_ADDRESS", 120),
+}
+
 # (requests, seconds) per session or user.
 CHATSITE_RATE_LIMITS = {
     "beacon": (env_int("CHATSITE_BEACON_RATE", 120), 60),

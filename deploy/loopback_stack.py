@@ -392,6 +392,7 @@ class LoopbackStack:
         workers: int = 2,
         env: Mapping[str, str] | None = None,
         worker_connections: int = WORKER_CONNECTIONS,
+        nginx_edits: Sequence[Edit] = (),
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -399,6 +400,7 @@ class LoopbackStack:
         self.worker_count = workers
         self.extra_env = dict(env or {})
         self.worker_connections = worker_connections
+        self.nginx_edits = tuple(nginx_edits)
         self.state: State | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._staff_password = ""
@@ -706,6 +708,7 @@ class LoopbackStack:
             port=self._state.port,
             static_root=STATIC_ROOT,
             worker_connections=self.worker_connections,
+            edits=self.nginx_edits,
         )
         args = nginx_args(binary, main)
         test = subprocess.run([*args, "-t"], capture_output=True, text=True, timeout=30)

@@ -1,10 +1,13 @@
+import os
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import ChatClient, LiveServer, start_daphne
+from tests.support import ChatClient, LiveServer, NginxServer, start_daphne, start_nginx
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
@@ -50,6 +53,15 @@ def _flush_retries_a_deadlock() -> Iterator[None]:
     flush.Command.handle = handle  # type: ignore[method-assign]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_address_for_every_test_client() -> None:
+    """In-process requests all come from 127.0.0.1: lift the new-session limit per address
+    (the tests of that limit set their own)."""
+    from django.conf import settings
+
+    settings.CHATSITE_CLIENTS["NEW_SESSIONS_PER_MINUTE"] = 0
+
+
 @pytest.fixture(scope="session")
 def output_dir() -> Path:
     OUTPUT.mkdir(exist_ok=True)
@@ -84,3 +96,30 @@ def chat_client(daphne: LiveServer, transactional_db: None) -> Iterator[ChatClie
     client = ChatClient(daphne)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def nginx_binary() -> str:
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+    path = shutil.which("nginx", path=search)
+    if path is None:
+        pytest.fail("nginx is not installed: install Debian's nginx (scripts/setup --test does).")
+    return path
+
+
+@pytest.fixture(scope="module")
+def nginx_factory(
+    nginx_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., NginxServer]]:
+    """Start nginx on a deploy/nginx site in front of the given worker ports (and ``edits``)."""
+    servers: list[NginxServer] = []
+
+    def start(site: str, workers: Sequence[int], edits: Sequence[Any] = ()) -> NginxServer:
+        work = tmp_path_factory.mktemp("nginx")
+        server = start_nginx(nginx_binary, work, site, workers, edits)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

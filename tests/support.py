@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -190,6 +191,8 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         # one test session asks far more than a student would in a minute.
         "CHATSITE_RESUME_GRACE_S": "0",
         "CHATSITE_CHAT_RATE": "100000",
+        # Every test client shares 127.0.0.1, unless a test gives it its own address.
+        "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
         "PYTHONUNBUFFERED": "1",
         **env,
     }
@@ -227,6 +230,50 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
 
 
 @dataclass
+class NginxServer(LiveServer):
+    """nginx as a ``LiveServer``: ``ChatClient`` and ``raw_post`` work through it."""
+
+    access_log: Path = Path(os.devnull)
+
+    def access_lines(self) -> list[str]:
+        return self.access_log.read_text().splitlines() if self.access_log.exists() else []
+
+
+def start_nginx(binary: str, work: Path, site: str, workers: Any, edits: Any = ()) -> NginxServer:
+    """nginx serving deploy/nginx's ``site`` on a free port in front of ``workers``' ports,
+    rendered into ``work`` (``deploy.loopback_stack.render``, with ``edits``)."""
+    from deploy.loopback_stack import nginx_args, render
+
+    port = free_port()
+    main = render(work, site, workers=workers, port=port, edits=edits)
+    process = subprocess.Popen(
+        nginx_args(binary, main),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
+    )
+    server = NginxServer(
+        f"http://127.0.0.1:{port}",
+        port,
+        process,
+        events_file=work / "no-engine-here.jsonl",
+        log_file=work / "error.log",
+        access_log=work / "access.log",
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nginx exited with {process.returncode}:\n{server.log()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            time.sleep(0.02)
+    server.stop()
+    raise RuntimeError(f"nginx did not start:\n{server.log()}")
+
+
+@dataclass
 class Event:
     event: str
     data: str
@@ -250,11 +297,15 @@ class SSEReader:
 
 
 class ChatClient:
-    """An HTTP client that behaves like the page: GET / for cookies, then POST with the token."""
+    """An HTTP client that behaves like the page: GET / for cookies, then POST with the token.
+    ``source`` is the loopback address it connects from (127.0.0.0/8 is all this host's), so
+    tests can be several clients' addresses."""
 
-    def __init__(self, server: LiveServer) -> None:
+    def __init__(self, server: LiveServer, *, source: str | None = None) -> None:
         self.server = server
-        self.client = httpx.Client(base_url=server.url, timeout=30)
+        self.source = source
+        transport = httpx.HTTPTransport(local_address=source) if source else None
+        self.client = httpx.Client(base_url=server.url, timeout=30, transport=transport)
         self.client.get("/").raise_for_status()
 
     @property
@@ -313,14 +364,17 @@ class ChatClient:
             headers=all_headers,
             path=path,
             method=method,
+            source=self.source,
         )
 
     def close(self) -> None:
         self.client.close()
 
 
-def raw_request(port: int, request: bytes) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+def raw_request(port: int, request: bytes, *, source: str | None = None) -> socket.socket:
+    """Send ``request`` on a new connection (from the loopback address ``source``)."""
+    address = (source, 0) if source else None
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=address)
     sock.sendall(request)
     return sock
 
@@ -403,6 +457,31 @@ class RawResponse:
         return self.buffer
 
 
+@dataclass
+class Visit:
+    """A first visit to the page on a new connection: its status, body and the cookies it set."""
+
+    status: int
+    body: bytes
+    retry_after: str | None
+    cookies: dict[str, str]
+
+
+def page_visit(port: int, source: str | None = None) -> Visit:
+    """``GET /`` as a new browser (from the loopback address ``source``): a new session and a
+    CSRF token, or the page's refusal."""
+    response = raw_post(port, b"", method="GET", path="/", source=source)
+    try:
+        jar: SimpleCookie = SimpleCookie()
+        for name, value in response.headers:
+            if name == "set-cookie":
+                jar.load(value)
+        cookies = {name: morsel.value for name, morsel in jar.items()}
+        return Visit(response.status, response.body(), response.header("retry-after"), cookies)
+    finally:
+        response.sock.close()
+
+
 def raw_post(
     port: int,
     body: bytes,
@@ -411,8 +490,9 @@ def raw_post(
     headers: dict[str, str] | None = None,
     path: str = "/api/chat/stream",
     method: str = "POST",
+    source: str | None = None,
 ) -> RawResponse:
-    """Send one request on a new connection and read the response head."""
+    """Send one request on a new connection (from ``source``) and read the response head."""
     lines = [f"{method} {path} HTTP/1.1", f"Content-Length: {len(body)}"]
     if not any(k.lower() == "host" for k in headers or {}):
         lines.append(f"Host: 127.0.0.1:{port}")
@@ -420,7 +500,7 @@ def raw_post(
         lines.append("Cookie: " + "; ".join(f"{k}={v}" for k, v in cookies.items()))
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    return RawResponse(raw_request(port, request))
+    return RawResponse(raw_request(port, request, source=source))
 
 
 class CountingProxy:

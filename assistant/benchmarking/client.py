@@ -94,8 +94,16 @@ class Student:
     connection, asking one question at a time."""
 
     def __init__(
-        self, *, base_url: str, path: str = "auto", timeout: float = 60.0, keepalive: bool = False
+        self,
+        *,
+        base_url: str,
+        path: str = "auto",
+        timeout: float = 60.0,
+        keepalive: bool = False,
+        source: str | None = None,
     ) -> None:
+        """``source``: the local address to connect from (a crowd on loopback spreads over
+        127.0.0.0/8, as students come from many addresses; the site limits each one)."""
         base = base_url.rstrip("/")
         url = httpx.URL(base)  # normalised as the Host header will be: no default port
         self.page_url = base + "/"
@@ -104,7 +112,10 @@ class Student:
         self.timeout = timeout
         # No idle connection kept: every request opens its own, as a browser's new stream does.
         limits = httpx.Limits(max_keepalive_connections=None if keepalive else 0)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=_ssl_context())
+        transport = httpx.AsyncHTTPTransport(
+            limits=limits, verify=_ssl_context(), local_address=source
+        )
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     async def open(self) -> None:
         """Load the page once, as the browser does before the first question."""

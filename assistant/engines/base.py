@@ -75,7 +75,8 @@ class EngineUnavailable(EngineError):
 
 
 class EngineBusy(EngineUnavailable):
-    """This process already runs as many streams on the engine as it may (``MAX_STREAMS``)."""
+    """This process already runs as many streams on the engine as it may (``MAX_STREAMS``), and
+    none of them gives its seat up (``services/seats.py``)."""
 
     code = "engine_busy"
 
@@ -113,23 +114,11 @@ class BaseEngine(ABC):
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         self.alias = alias
         self.options = options
-        #: Streams this process may run on the engine at once (0: no limit).
+        #: Streams this process may run on the engine at once (0: no limit): its seats
+        #: (``services/seats.py``).
         self.max_streams = int(options.get("MAX_STREAMS") or 0)
-        self.streams = 0
         #: The sampling every answer on this alias uses.
         self.generation = generation_from_options(self.default_generation, options)
-
-    def admit(self) -> None:
-        """Count one more stream, or raise ``EngineBusy`` when the engine is full.
-
-        Answering 503 at once beats queueing without end: the page says when to try again.
-        """
-        if self.max_streams and self.streams >= self.max_streams:
-            raise EngineBusy(f"{self.streams} streams already running on {self.alias!r}")
-        self.streams += 1
-
-    def release(self) -> None:
-        self.streams -= 1
 
     def load(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Load weights or open resources. Called once per process, before the first request."""

@@ -3,6 +3,10 @@
 Views get ``request.user`` and ``request.session`` from Django's middleware; the streaming
 consumer runs without that stack and resolves the same identity here, with Django's own session
 store and ``get_user`` (which checks the session's auth hash), in one trip to a worker thread.
+
+Sessions are issued by the page (``session_issue``), a limited number per client address and
+minute. Nothing else creates one: a stream without a live session is refused
+(``session_required``), so a client cannot shed its limits by dropping its cookie.
 """
 
 from dataclasses import dataclass
@@ -11,14 +15,17 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+
+from assistant import errors
+from assistant.errors import Rejected
+from assistant.services.ratelimit import rate_limit_hit
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
+    #: "" when the request has no live session (and no logged-in user).
     owner_key: str
-    #: A Set-Cookie header value when a new session had to be created for this request.
-    set_cookie: str | None = None
 
 
 def owner_key_for(user: Any, session_key: str | None) -> str:
@@ -29,45 +36,47 @@ def owner_key_for(user: Any, session_key: str | None) -> str:
     return f"session:{session_key}"
 
 
-def session_ensure(session: Any) -> bool:
-    """Give ``session`` a key (saving it) if it has none. True when it was created now."""
-    if session.session_key:
+def session_live(session: Any) -> bool:
+    """``session`` exists in the store (an unknown or expired cookie's does not)."""
+    session.get("created")  # loads it: an unknown key is dropped on the way
+    return session.session_key is not None
+
+
+def session_issue(session: Any, *, client: str) -> bool:
+    """Give ``session`` a key (saving it) if it has none, counted against ``client``'s new
+    sessions this minute; True when it was created now. Synchronous (cache and database).
+
+    Raises ``Rejected`` (429 ``new_sessions_limited``) when the address has started too many.
+    """
+    if session_live(session):
         return False
+    limit = settings.CHATSITE_CLIENTS["NEW_SESSIONS_PER_MINUTE"]
+    if limit:
+        retry_after = rate_limit_hit(scope="session", key=client, limit=limit, window_s=60)
+        if retry_after is not None:
+            raise Rejected(errors.NEW_SESSIONS_LIMITED, retry_after=retry_after)
     session["created"] = True
     session.save()
     return True
 
 
-def identity_resolve(session_key: str | None, *, create: bool = True) -> Identity:
-    """Synchronous (ORM): the identity behind a session cookie, creating a session if needed.
-
-    With ``create=False`` a request without a live session gets the empty owner key.
-    """
+def identity_resolve(session_key: str | None) -> Identity:
+    """Synchronous (ORM): the identity behind a session cookie; the empty owner key when the
+    request has no live session."""
     store = import_module(settings.SESSION_ENGINE).SessionStore
     session = store(session_key)
     request = HttpRequest()
     request.session = session
     # Loads the session; an unknown or expired key leaves it empty and without a key.
     user = get_user(request)
-    set_cookie = None
-    if not create and not session.session_key and not user.is_authenticated:
+    if not user.is_authenticated and not session.session_key:
         return Identity(owner_key="")
-    if session_ensure(session):
-        set_cookie = session_cookie_header(session.session_key)
-    return Identity(owner_key=owner_key_for(user, session.session_key), set_cookie=set_cookie)
+    return Identity(owner_key=owner_key_for(user, session.session_key))
 
 
-def session_cookie_header(session_key: str) -> str:
-    """The Set-Cookie value Django's SessionMiddleware would send for ``session_key``."""
-    response = HttpResponse()
-    response.set_cookie(
-        settings.SESSION_COOKIE_NAME,
-        session_key,
-        max_age=settings.SESSION_COOKIE_AGE,
-        domain=settings.SESSION_COOKIE_DOMAIN,
-        path=settings.SESSION_COOKIE_PATH,
-        secure=settings.SESSION_COOKIE_SECURE or None,
-        httponly=settings.SESSION_COOKIE_HTTPONLY or None,
-        samesite=settings.SESSION_COOKIE_SAMESITE,
-    )
-    return response.cookies[settings.SESSION_COOKIE_NAME].OutputString()
+def identity_required(session_key: str | None) -> Identity:
+    """``identity_resolve``, refusing (403 ``session_required``) a request without a session."""
+    identity = identity_resolve(session_key)
+    if not identity.owner_key:
+        raise Rejected(errors.SESSION_REQUIRED)
+    return identity

@@ -1,25 +1,50 @@
 """Starting a chat stream on a serving path: shared by the Channels consumer and the Django view.
 
-Both paths hand over the raw body and the session cookie and get back a running ``ChatStream``
-or a ``Rejected`` carrying the exact error to answer with, so they can differ only in transport.
+Both paths hand over the raw body, the session cookie and the client's address and get back a
+running ``ChatStream`` or a ``Rejected`` carrying the exact error to answer with, so they can
+differ only in transport.
+
+The order of work is the product: a new conversation needs nothing from the database before the
+model can start, so (with a seat free on the engine) the engine is started first and the session
+is resolved while it works. A continued conversation needs its history first: one read on a
+reader thread, then the engine.
 """
 
+import asyncio
 import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from assistant import errors
 from assistant.db import run_db
-from assistant.engines import EngineBusy, EngineUnavailable, get_engine
+from assistant.engines import (
+    BaseEngine,
+    ChatMessage,
+    Delta,
+    EngineBusy,
+    EngineUnavailable,
+    get_engine,
+)
 from assistant.errors import Rejected
 from assistant.services import background
-from assistant.services.chat_request import chat_turn_parse
-from assistant.services.identity import identity_resolve
+from assistant.services.admission import chat_admit, chat_release, chat_slot_wait
+from assistant.services.chat_request import ChatTurn, chat_turn_parse
+from assistant.services.conversations import (
+    ConversationNotFound,
+    Exchange,
+    conversation_history,
+)
+from assistant.services.identity import Identity, identity_required, identity_resolve
 from assistant.services.persistence import Rows, rows_store
+from assistant.services.seats import Seat, Seating, seating_for
 from assistant.services.serving import engine_alias_for
-from assistant.services.streaming import ChatStream, chat_stream_open
-from assistant.services.telemetry import refused_record, stream_refused
-from assistant.services.timings import StreamTimings
+from assistant.services.streaming import ChatStream, engine_stop
+from assistant.services.telemetry import refused_record, stream_refused, stream_started
+from assistant.services.timings import StreamTimings, now
 from assistant.transport import ClientConnection
 
 logger = logging.getLogger(__name__)
@@ -34,6 +59,7 @@ async def chat_stream_start(
     *,
     body: bytes,
     session_key: str | None,
+    client: str,
     request_id: str,
     path: str,
     timings: StreamTimings,
@@ -41,12 +67,17 @@ async def chat_stream_start(
 ) -> ChatStream:
     """Validate ``body``, start ``path``'s engine on it and resolve who is asking.
 
+    A request without a session cookie is refused at once (403 ``session_required``): the
+    page issues sessions, a limited number per address (``identity.session_issue``).
+
     Raises ``Rejected`` for a request the client can fix (4xx) and for an engine that cannot
     take it now (503, counted and recorded like any failed stream).
     """
     alias = engine_alias_for(path)
     engine_name = alias
     try:
+        if session_key is None:
+            raise Rejected(errors.SESSION_REQUIRED)
         turn = chat_turn_parse(body)
         engine = get_engine(alias)
         engine_name = engine.name
@@ -54,6 +85,7 @@ async def chat_stream_start(
         return await chat_stream_open(
             turn=turn,
             session_key=session_key,
+            client=client,
             engine=engine,
             path=path,
             request_id=request_id,
@@ -92,7 +124,7 @@ async def _refused_persist(
     timings: StreamTimings,
 ) -> None:
     """A refused stream is a failed one: stored, so the breaker and the dashboard count it."""
-    identity = await run_db(identity_resolve, session_key, create=False)
+    identity = await run_db(identity_resolve, session_key)
     record = refused_record(
         request_id=request_id,
         owner_key=identity.owner_key,
@@ -102,3 +134,147 @@ async def _refused_persist(
         timings=timings,
     )
     await rows_store(Rows(records=[record]))
+
+
+def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
+    system = settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
+    head = [ChatMessage(role="system", content=system)] if system else []
+    return [*head, *history, ChatMessage(role="user", content=question)]
+
+
+def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, bool]:
+    """Who is asking (``Rejected``, 403, without a session), if their rate allows another
+    stream (else ``Rejected``, 429), and whether a stream slot was taken."""
+    identity = identity_required(session_key)
+    return identity, chat_admit(owner_key=identity.owner_key, request_id=request_id)
+
+
+def _identity_and_history(
+    session_key: str | None, conversation_id: uuid.UUID, request_id: str
+) -> tuple[Identity, bool, list[ChatMessage]]:
+    identity, slot_taken = _identity_admitted(session_key, request_id)
+    try:
+        history = _history(identity, conversation_id)
+    except BaseException:
+        chat_release(owner_key=identity.owner_key, request_id=request_id)
+        raise
+    return identity, slot_taken, history
+
+
+def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
+    return conversation_history(
+        owner_key=identity.owner_key,
+        conversation_id=conversation_id,
+        limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
+    )
+
+
+def _seat_early(seating: Seating, client: str) -> Seat | None:
+    """A seat if one is free without stopping anybody's answer; None: decide once the session
+    is known (only a known session may take a seat from another)."""
+    try:
+        return seating.take(client, evict=False)
+    except (EngineBusy, Rejected):
+        return None
+
+
+def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
+    """The request is gone or refused before its stream started: give back the stream slot
+    that the identity lookup (still running on its thread, perhaps) or the wait for one took,
+    once known (giving back a slot it does not hold changes nothing)."""
+
+    async def release() -> None:
+        try:
+            result = await found
+        except BaseException:
+            return  # refused or failed: it took no slot
+        identity = result[0] if isinstance(result, tuple) else result
+        await run_db(chat_release, owner_key=identity.owner_key, request_id=request_id)
+
+    background.spawn(release(), name=f"release:{request_id}")
+
+
+async def chat_stream_open(
+    *,
+    turn: ChatTurn,
+    session_key: str | None,
+    client: str,
+    engine: BaseEngine,
+    path: str,
+    request_id: str,
+    timings: StreamTimings,
+    connection: ClientConnection | None = None,
+) -> ChatStream:
+    """Start the engine on ``turn`` and resolve who is asking. Close the result when done.
+
+    Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the request has no session,
+    the student's or the address's limits refuse another stream, or the conversation is not
+    theirs.
+    """
+    params = engine.generation
+    timings.parsed = now()
+    seating = seating_for(engine)
+    # With a seat free, a new conversation needs nothing from the database before the engine
+    # starts; without one, the session must be known first (it may take another's seat).
+    seat = _seat_early(seating, client)
+    pending: asyncio.Future[Delta] | None = None
+    deltas: AsyncIterator[Delta] | None = None
+    history: list[ChatMessage] = []
+    try:
+        if turn.conversation_id is None:
+            found: asyncio.Future[Any] = asyncio.ensure_future(
+                run_db(_identity_admitted, session_key, request_id)
+            )
+            if seat is not None:
+                deltas = engine.stream(_messages(turn.message, []), params)
+                timings.engine_submitted = now()
+                pending = asyncio.ensure_future(anext(deltas))
+        else:
+            found = asyncio.ensure_future(
+                run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
+            )
+        try:
+            # Shielded: if this request is cancelled meanwhile, the lookup (which may take a
+            # stream slot) still finishes, and _release_once_known gives the slot back.
+            result = await asyncio.shield(found)
+            identity, slot_taken = result[0], result[1]
+            if turn.conversation_id is not None:
+                history = result[2]
+            if not slot_taken:
+                await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
+            if seat is None:
+                seat = seating.take(client, evict=True)
+        except ConversationNotFound:
+            raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
+        except BaseException:
+            _release_once_known(found, request_id)
+            raise
+        if deltas is None:
+            deltas = engine.stream(_messages(turn.message, history), params)
+            timings.engine_submitted = now()
+    except BaseException:
+        if deltas is not None:
+            await engine_stop(pending, deltas)
+        if seat is not None:
+            seat.leave()
+        raise
+    stream_started(path=path, engine=engine.name)
+    exchange = Exchange(
+        conversation_id=turn.conversation_id or uuid.uuid4(),
+        user_message_id=uuid.uuid4(),
+        answer_message_id=uuid.uuid4(),
+        is_new_conversation=turn.conversation_id is None,
+        request_id=request_id,
+    )
+    return ChatStream(
+        exchange=exchange,
+        identity=identity,
+        question=turn.message,
+        path=path,
+        engine=engine,
+        deltas=deltas,
+        timings=timings,
+        seat=seat,
+        pending=pending,
+        connection=connection,
+    )

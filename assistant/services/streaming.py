@@ -1,25 +1,19 @@
-"""One chat stream, from a validated request to SSE frames.
+"""One chat stream, from a started engine to SSE frames (``stream_start`` opens it).
 
-The order of work is the product:
-
-* A new conversation needs nothing from the database before the model can start, so the engine
-  is started first and the session is resolved while it works. A continued conversation needs
-  its history first: one read on a reader thread, then the engine.
-* ``: open`` and ``meta`` go out as soon as the session is known (the session cookie, if a new
-  one was needed, must be in the headers); each delta becomes one frame the moment the engine
-  yields it.
+* ``: open`` and ``meta`` go out as soon as the session is known; each delta becomes one frame
+  the moment the engine yields it.
 * The question is stored once the first token is out and the answer when the stream ends, in
   tasks that outlive the request, so no database write sits between the engine and the screen.
+* An answer can be given up from outside (``ChatStream.give_up``) when its seat on a full engine
+  goes to another request (``services/seats.py``); it then ends with an ``error`` event.
 """
 
 import asyncio
 import logging
 import re
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.conf import settings
 
@@ -27,33 +21,27 @@ from assistant import errors, sse
 from assistant.db import run_db
 from assistant.engines import (
     BaseEngine,
-    ChatMessage,
     Delta,
     EngineError,
     EngineTimeout,
 )
-from assistant.errors import Rejected
 from assistant.models import Message
 from assistant.services import background
 from assistant.services.admission import (
     cache_in_process,
-    chat_admit,
     chat_release,
-    chat_slot_wait,
 )
-from assistant.services.chat_request import ChatTurn
 from assistant.services.conversations import (
-    ConversationNotFound,
     Exchange,
     answer_rows,
-    conversation_history,
     question_rows,
 )
 from assistant.services.frames import error_frame, queue_frame, server_error_frame
-from assistant.services.identity import Identity, identity_resolve
+from assistant.services.identity import Identity
 from assistant.services.persistence import Rows, rows_store
 from assistant.services.resume import ResumableStream
-from assistant.services.telemetry import stream_observe, stream_record, stream_started
+from assistant.services.seats import Seat
+from assistant.services.telemetry import stream_observe, stream_record
 from assistant.services.timings import StreamTimings, now
 from assistant.transport import ClientConnection
 
@@ -74,6 +62,8 @@ class ChatStream:
     engine: BaseEngine
     deltas: AsyncIterator[Delta]
     timings: StreamTimings
+    #: Its place on the engine, given back when it ends.
+    seat: Seat
     #: The client's connection, to notice a reader that stopped reading (None: unguarded).
     connection: ClientConnection | None = None
     #: The engine's next delta, already asked for.
@@ -84,6 +74,27 @@ class ChatStream:
     question_stored: bool = False
     slot_released: bool = False
     closed: bool = False
+    #: Why the answer was given up to let another request in ("": it was not).
+    given_up: str = ""
+    #: The limit on the wait for the engine's next delta, while it is being waited for.
+    deadline: asyncio.Timeout | None = None
+
+    def __post_init__(self) -> None:
+        self.seat.give_up = self.give_up
+
+    def heard_by(self, resumable: ResumableStream) -> None:
+        """The answer's frames go to ``resumable``: nobody hears it once that has no listener."""
+        self.seat.unheard = lambda: resumable.abandoned
+
+    def give_up(self, reason: str) -> None:
+        """End the answer now with an ``error`` event for ``reason``: its seat went to another
+        request. The wait for the next delta ends at once; a frame being sent goes first."""
+        if self.given_up or self.closed:
+            return
+        self.given_up = reason
+        deadline = self.deadline
+        if deadline is not None and not deadline.expired():
+            deadline.reschedule(asyncio.get_running_loop().time())
 
     def next_delta(self) -> Awaitable[Delta]:
         """The engine's next delta: the one already asked for, else a plain ``anext``
@@ -106,9 +117,9 @@ class ChatStream:
             return
         self.closed = True
         try:
-            await _engine_stop(self.pending, self.deltas)
+            await engine_stop(self.pending, self.deltas)
         finally:
-            self.engine.release()
+            self.seat.leave()
             self.timings.finished = self.timings.finished or now()
             stream_observe(self)
             self.save_question()
@@ -134,7 +145,7 @@ class ChatStream:
                 logger.exception("Could not give back the stream slot of %s", request_id)
 
 
-async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
+async def engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncIterator[Delta]) -> None:
     """Cancel the engine's step in flight, if any, then close its stream (stops generation)."""
     if pending is not None and not pending.done():
         pending.cancel()
@@ -142,133 +153,16 @@ async def _engine_stop(pending: asyncio.Future[Delta] | None, deltas: AsyncItera
     await deltas.aclose()  # type: ignore[attr-defined]
 
 
-def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
-    system = settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
-    head = [ChatMessage(role="system", content=system)] if system else []
-    return [*head, *history, ChatMessage(role="user", content=question)]
-
-
-def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, bool]:
-    """Who is asking, if their rate allows another stream (else ``Rejected``, 429), and
-    whether a stream slot was taken."""
-    identity = identity_resolve(session_key)
-    return identity, chat_admit(owner_key=identity.owner_key, request_id=request_id)
-
-
-def _identity_and_history(
-    session_key: str | None, conversation_id: uuid.UUID, request_id: str
-) -> tuple[Identity, bool, list[ChatMessage]]:
-    identity, slot_taken = _identity_admitted(session_key, request_id)
-    try:
-        history = _history(identity, conversation_id)
-    except BaseException:
-        chat_release(owner_key=identity.owner_key, request_id=request_id)
-        raise
-    return identity, slot_taken, history
-
-
-def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
-    return conversation_history(
-        owner_key=identity.owner_key,
-        conversation_id=conversation_id,
-        limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
-    )
-
-
 class SlowClient(Exception):
     """The client left more than ``MAX_UNSENT_BYTES`` of the stream unread."""
 
 
-def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
-    """The request is gone or refused before its stream started: give back the stream slot
-    that the identity lookup (still running on its thread, perhaps) or the wait for one took,
-    once known (giving back a slot it does not hold changes nothing)."""
+class GivenUp(Exception):
+    """The answer's seat went to another request (``seats.UNHEARD``, ``seats.FAIR_SHARE``)."""
 
-    async def release() -> None:
-        try:
-            result = await found
-        except BaseException:
-            return  # refused or failed: it took no slot
-        identity = result[0] if isinstance(result, tuple) else result
-        await run_db(chat_release, owner_key=identity.owner_key, request_id=request_id)
-
-    background.spawn(release(), name=f"release:{request_id}")
-
-
-async def chat_stream_open(
-    *,
-    turn: ChatTurn,
-    session_key: str | None,
-    engine: BaseEngine,
-    path: str,
-    request_id: str,
-    timings: StreamTimings,
-    connection: ClientConnection | None = None,
-) -> ChatStream:
-    """Start the engine on ``turn`` and resolve who is asking. Close the result when done.
-
-    Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the student's own limits
-    refuse another stream or the conversation is not theirs.
-    """
-    params = engine.generation
-    timings.parsed = now()
-    pending: asyncio.Future[Delta] | None = None
-    engine.admit()
-    try:
-        if turn.conversation_id is None:
-            identity_found = asyncio.ensure_future(
-                run_db(_identity_admitted, session_key, request_id)
-            )
-            deltas = engine.stream(_messages(turn.message, []), params)
-            timings.engine_submitted = now()
-            pending = asyncio.ensure_future(anext(deltas))
-            try:
-                # Shielded: if this request is cancelled meanwhile, the lookup (which may take
-                # a stream slot) still finishes, and _release_once_known gives the slot back.
-                identity, slot_taken = await asyncio.shield(identity_found)
-                if not slot_taken:
-                    await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
-            except BaseException:
-                _release_once_known(identity_found, request_id)
-                await _engine_stop(pending, deltas)
-                raise
-        else:
-            found = asyncio.ensure_future(
-                run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
-            )
-            try:
-                identity, slot_taken, history = await asyncio.shield(found)
-                if not slot_taken:
-                    await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
-            except ConversationNotFound:
-                raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
-            except BaseException:
-                _release_once_known(found, request_id)
-                raise
-            deltas = engine.stream(_messages(turn.message, history), params)
-            timings.engine_submitted = now()
-    except BaseException:
-        engine.release()
-        raise
-    stream_started(path=path, engine=engine.name)
-    exchange = Exchange(
-        conversation_id=turn.conversation_id or uuid.uuid4(),
-        user_message_id=uuid.uuid4(),
-        answer_message_id=uuid.uuid4(),
-        is_new_conversation=turn.conversation_id is None,
-        request_id=request_id,
-    )
-    return ChatStream(
-        exchange=exchange,
-        identity=identity,
-        question=turn.message,
-        path=path,
-        engine=engine,
-        deltas=deltas,
-        timings=timings,
-        pending=pending,
-        connection=connection,
-    )
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def meta_frame(stream: ChatStream) -> bytes:
@@ -297,13 +191,17 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
         max_unsent = config["MAX_UNSENT_BYTES"]
         while True:
+            if stream.given_up:
+                raise GivenUp(stream.given_up)
             limit = next_limit if timings.tokens else first_limit
             try:
-                async with asyncio.timeout(limit):
+                async with asyncio.timeout(limit) as stream.deadline:
                     delta = await stream.next_delta()
             except StopAsyncIteration:
                 break
             except TimeoutError:
+                if stream.given_up:
+                    raise GivenUp(stream.given_up) from None
                 stage = "token" if timings.tokens else "first_token"
                 message = f"no {stage} within {limit:g} s"
                 raise EngineTimeout(message, code=f"{stage}_timeout") from None
@@ -347,6 +245,13 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
             failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
         await stream.release_slot()
         yield error_frame(exc.code, failed.message)
+    except GivenUp as exc:
+        stream.outcome = "given_up"
+        stream.finish_reason = exc.reason
+        timings.finished = now()
+        logger.info("Gave up %s (%s) for another request", stream.exchange.request_id, exc.reason)
+        await stream.release_slot()
+        yield error_frame(exc.reason, errors.GIVEN_UP[exc.reason].message)
     except SlowClient as exc:
         # Nothing more can reach this reader; drop it with what is still buffered for it.
         stream.outcome = stream.finish_reason = "slow_client"
@@ -363,6 +268,7 @@ async def chat_stream_frames(stream: ChatStream) -> AsyncIterator[bytes]:
         stream.outcome = stream.finish_reason = "server_error"
         raise
     finally:
+        stream.deadline = None  # it holds this task
         await stream.aclose()
 
 

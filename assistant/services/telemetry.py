@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 #: Outcomes that are the server's fault (a student closing the tab is not).
 SERVER_FAULTS = {"engine_error", "timeout", "server_error"}
+#: Outcomes whose record keeps the reason as its error code.
+_WITH_REASON = SERVER_FAULTS | {"given_up"}
 
 
 def stream_record(stream: "ChatStream") -> StreamRecord:
@@ -27,7 +29,7 @@ def stream_record(stream: "ChatStream") -> StreamRecord:
         path=stream.path,
         engine=stream.engine.name,
         outcome=stream.outcome,
-        error_code=stream.finish_reason if stream.outcome in SERVER_FAULTS else "",
+        error_code=stream.finish_reason if stream.outcome in _WITH_REASON else "",
         conversation_id=stream.exchange.conversation_id,
         message_id=stream.exchange.answer_message_id,
         tokens=t.tokens,

@@ -1,5 +1,8 @@
 """Conversations over HTTP: saved, continued with their history, private to their owner."""
 
+import json
+
+import httpx
 import pytest
 
 from assistant.engines.scripted import default_tokens
@@ -63,22 +66,43 @@ def test_another_session_cannot_read_or_continue_a_conversation(
     assert [c["id"] for c in mine] == [conversation]
 
 
-def test_a_stream_without_a_session_gets_one(chat_client: ChatClient) -> None:
-    """A client with a CSRF cookie but no (or an expired) session gets a fresh session cookie,
-    and the conversation belongs to it."""
-    cookies = {"csrftoken": chat_client.csrf_token, "sessionid": "expired0000000000000000000000000"}
-    response = raw_post(
-        chat_client.server.port,
-        b'{"message": "[scripted tokens=1] hello"}',
-        cookies=cookies,
-        headers={"Content-Type": "application/json", "X-CSRFToken": chat_client.csrf_token},
-    )
-    assert response.status == 200
-    set_cookie = response.header("set-cookie")
-    assert set_cookie is not None and set_cookie.startswith("sessionid=")
-    assert "HttpOnly" in set_cookie
-    session_key = set_cookie.split(";")[0].split("=", 1)[1]
-    assert session_key != cookies["sessionid"]
-    meta = next(response.events()).json()
+@pytest.mark.parametrize("path", ["direct", "django"])
+@pytest.mark.parametrize("session", [None, "expired0000000000000000000000000"])
+def test_a_stream_without_a_live_session_is_refused_until_the_page_renews_it(
+    chat_client: ChatClient, path: str, session: str | None
+) -> None:
+    """No session, or one the site does not know: 403 ``session_required``, no new session, and
+    nothing stored. ``POST /api/session`` (what the page does then) issues one that streams."""
+    cookies = {"csrftoken": chat_client.csrf_token}
+    if session is not None:
+        cookies["sessionid"] = session
+    headers = {"Content-Type": "application/json", "X-CSRFToken": chat_client.csrf_token}
+    url = f"/api/chat/stream/{path}"
+    body = b'{"message": "[scripted tokens=1] hello"}'
+    response = raw_post(chat_client.server.port, body, cookies=cookies, headers=headers, path=url)
+    assert response.status == 403
+    assert response.header("set-cookie") is None
+    error = json.loads(response.body())["error"]
+    assert error["code"] == "session_required" and "Reload the page" in error["message"]
+    assert not Conversation.objects.exists()
+
+    csrf = {"csrftoken": chat_client.csrf_token}
+    renewed = httpx.Client(base_url=chat_client.server.url, cookies=csrf)
+    try:
+        issued = renewed.post("/api/session", headers={"X-CSRFToken": chat_client.csrf_token})
+        assert issued.status_code == 204
+        session_key = renewed.cookies["sessionid"]
+        assert session_key != session
+        answer = raw_post(
+            chat_client.server.port,
+            body,
+            cookies={**cookies, "sessionid": session_key},
+            headers=headers,
+            path=url,
+        )
+        assert answer.status == 200
+        meta = next(answer.events()).json()
+    finally:
+        renewed.close()
     conversation = wait_for(lambda: Conversation.objects.filter(id=meta["conversation"]).first())
     assert conversation.owner_key == f"session:{session_key}"

@@ -171,11 +171,12 @@ def test_a_new_visitor_during_an_outage_gets_503_database_unavailable(
 ) -> None:
     """A visitor this worker has no session for, while PostgreSQL is down, is told 503
     database_unavailable with Retry-After on both serving paths, not a 500, and before the
-    page's 5 s first-byte watchdog would give up on the request."""
+    page's 5 s first-byte watchdog would give up on the request. (One without a session
+    cookie at all needs no database to be refused: 403 session_required.)"""
     server = short_budget
     postgres.stop()
     token = secrets.token_hex(16)
-    strangers = {"no session": {}, "session from elsewhere": {"sessionid": secrets.token_hex(16)}}
+    strangers = {"session from elsewhere": {"sessionid": secrets.token_hex(16)}}
     asks = [
         (who, url, cookies)
         for who, cookies in strangers.items()
@@ -204,6 +205,10 @@ def test_a_new_visitor_during_an_outage_gets_503_database_unavailable(
         waits[f"{who}, {url}"] = round(waited, 1)
     assert max(waits.values()) < 5, f"seconds to the 503: {waits}"
     assert "Database unavailable before" in server.log()
+    for url in ("/api/chat/stream", "/api/chat/stream/django"):
+        response, _ = ask("no session", url, {})
+        assert response.status_code == 403, (url, response.text)
+        assert response.json()["error"]["code"] == "session_required", url
 
 
 # --- The engine fails ------------------------------------------------------------------------

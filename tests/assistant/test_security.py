@@ -172,31 +172,37 @@ def test_behind_tls_cookies_are_secure_and_hsts_is_sent(production: LiveServer) 
 
 
 @pytest.mark.parametrize("url", STREAM_URLS)
-def test_behind_tls_a_session_made_by_the_stream_is_secure(
+def test_behind_tls_a_renewed_session_is_secure_and_streams(
     production: LiveServer, url: str
 ) -> None:
-    """A stream without a session makes one (see ``test_conversations_http``); behind TLS its
-    cookie is Secure and HttpOnly, on both serving paths."""
+    """A stream without a session is refused; the session ``POST /api/session`` then issues
+    (what the page does) has a Secure, HttpOnly cookie and streams, on both serving paths."""
     page, _ = get(production, "/", headers=HTTPS)
-    token = set_cookies(page)["csrftoken"]["value"]
+    token = str(set_cookies(page)["csrftoken"]["value"])
     origin = f"https://127.0.0.1:{production.port}"
-    response = raw_post(
-        production.port,
-        b'{"message": "[scripted tokens=1 ttft_ms=0] hello"}',
-        cookies={"csrftoken": str(token)},
-        headers={
-            "Content-Type": "application/json",
-            "X-CSRFToken": str(token),
-            "Origin": origin,
-            **HTTPS,
-        },
-        path=url,
+    headers = {"X-CSRFToken": token, "Origin": origin, **HTTPS}
+    body = b'{"message": "[scripted tokens=1 ttft_ms=0] hello"}'
+    json_headers = {"Content-Type": "application/json", **headers}
+    refused = raw_post(
+        production.port, body, cookies={"csrftoken": token}, headers=json_headers, path=url
     )
     try:
+        assert refused.status == 403 and b"session_required" in refused.body()
+    finally:
+        refused.sock.close()
+    renewed = raw_post(
+        production.port, b"", cookies={"csrftoken": token}, headers=headers, path="/api/session"
+    )
+    try:
+        assert renewed.status == 204, renewed.body()
+        session = set_cookies(renewed)["sessionid"]
+        assert session["secure"] is True and session["httponly"] is True
+    finally:
+        renewed.sock.close()
+    cookies = {"csrftoken": token, "sessionid": str(session["value"])}
+    response = raw_post(production.port, body, cookies=cookies, headers=json_headers, path=url)
+    try:
         assert response.status == 200, response.body()
-        sessions = [c for name, c in set_cookies(response).items() if name == "sessionid"]
-        assert sessions, response.headers
-        assert all(c["secure"] is True and c["httponly"] is True for c in sessions)
         assert [e.event for e in response.events()][-1] == "done"
     finally:
         response.sock.close()

@@ -8,18 +8,13 @@ says which directive it breaks on purpose.
 import gzip
 import itertools
 import json
-import os
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +26,14 @@ from tests.support import (
     ChatClient,
     Event,
     LiveServer,
+    NginxServer,
     RawResponse,
     ThreadedCountingProxy,
-    die_with_parent,
     free_port,
     raw_post,
     wait_for,
 )
+from tests.support import page_visit as support_page_visit
 
 # The Daphne workers share the test database; each test leaves it empty.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,66 +56,6 @@ STREAM_GZIPPED = [
     (SSE_SNIPPET, "gzip off;", "gzip on;"),
     (SERVER_SNIPPET, "gzip_types ", "gzip_types text/event-stream "),
 ]
-
-
-@dataclass
-class NginxServer(LiveServer):
-    """nginx as a ``LiveServer``: ``ChatClient`` and ``raw_post`` work through it."""
-
-    access_log: Path = Path(os.devnull)
-
-    def access_lines(self) -> list[str]:
-        return self.access_log.read_text().splitlines() if self.access_log.exists() else []
-
-
-@pytest.fixture(scope="module")
-def nginx_binary() -> str:
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
-    path = shutil.which("nginx", path=search)
-    if path is None:
-        pytest.fail("nginx is not installed: install Debian's nginx (scripts/setup --test does).")
-    return path
-
-
-@pytest.fixture(scope="module")
-def nginx_factory(
-    nginx_binary: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[..., NginxServer]]:
-    servers: list[NginxServer] = []
-
-    def start(site: str, workers: Sequence[int], edits: Sequence[Edit] = ()) -> NginxServer:
-        work = tmp_path_factory.mktemp("nginx")
-        port = free_port()
-        main = render(work, site, workers=workers, port=port, edits=edits)
-        process = subprocess.Popen(
-            nginx_args(nginx_binary, main),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )
-        server = NginxServer(
-            f"http://127.0.0.1:{port}",
-            port,
-            process,
-            events_file=work / "no-engine-here.jsonl",
-            log_file=work / "error.log",
-            access_log=work / "access.log",
-        )
-        servers.append(server)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"nginx exited with {process.returncode}:\n{server.log()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return server
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"nginx did not start:\n{server.log()}")
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -151,18 +87,12 @@ def figures(output_dir: Path) -> Iterator[dict[str, Any]]:
     (output_dir / "nginx.json").write_text(json.dumps(found, indent=2) + "\n")
 
 
-def page_visit(port: int) -> Cookies:
-    """The cookies a first visit to the page sets: a new session and a CSRF token."""
-    response = raw_post(port, b"", method="GET", path="/")
-    try:
-        assert response.status == 200
-        jar: SimpleCookie = SimpleCookie()
-        for name, value in response.headers:
-            if name == "set-cookie":
-                jar.load(value)
-        return {name: morsel.value for name, morsel in jar.items()}
-    finally:
-        response.sock.close()
+def page_visit(port: int, source: str | None = None) -> Cookies:
+    """The cookies a first visit to the page sets (from the loopback address ``source``): a new
+    session and a CSRF token."""
+    visit = support_page_visit(port, source)
+    assert visit.status == 200
+    return visit.cookies
 
 
 def post_chat(
@@ -172,6 +102,7 @@ def post_chat(
     *,
     path: str = "/api/chat/stream",
     headers: dict[str, str] | None = None,
+    source: str | None = None,
 ) -> RawResponse:
     body = json.dumps({"message": message, "conversation": None}).encode()
     all_headers = {
@@ -179,7 +110,7 @@ def post_chat(
         "X-CSRFToken": cookies["csrftoken"],
         **(headers or {}),
     }
-    return raw_post(port, body, cookies=cookies, headers=all_headers, path=path)
+    return raw_post(port, body, cookies=cookies, headers=all_headers, path=path, source=source)
 
 
 def answer(port: int, cookies: Cookies, message: str, **kwargs: Any) -> tuple[float, list[Event]]:
@@ -249,7 +180,8 @@ def test_sse_directives_live_in_one_snippet() -> None:
         assert "text/event-stream" not in text, f"{path.name} lists text/event-stream"
         for location in re.findall(r"location\s+([^{]+)\{([^}]*)\}", text):
             route, body = location
-            if "/api/chat/stream" in route or "/dashboard/events" in route or "@" in route:
+            proxied_name = "@" in route and "proxy_pass" in body
+            if "/api/chat/stream" in route or "/dashboard/events" in route or proxied_name:
                 assert "include snippets/chatsite-sse.conf;" in body, (path.name, route)
 
 
@@ -511,11 +443,20 @@ def split_site(nginx_factory, workers: list[LiveServer]) -> NginxServer:
     return nginx_factory(SPLIT_SITE, [w.port for w in workers])
 
 
+_visitors = itertools.count()
+
+
 def visitor_path(server: NginxServer) -> tuple[Cookies, str]:
-    """A new session (from the page, through nginx) and the path both its answers took."""
-    cookies = page_visit(server.port)
+    """A new session (from the page, through nginx) and the path both its answers took. Each
+    visitor comes from an address of its own, as a crowd of browsers does (nginx limits what
+    one address may ask)."""
+    number = next(_visitors)
+    source = f"127.0.{2 + number // 250}.{1 + number % 250}"
+    cookies = page_visit(server.port, source)
     message = "[scripted tokens=1 ttft_ms=0] Which path?"
-    paths = {meta_of(answer(server.port, cookies, message)[1])["path"] for _ in range(2)}
+    paths = {
+        meta_of(answer(server.port, cookies, message, source=source)[1])["path"] for _ in range(2)
+    }
     assert len(paths) == 1, f"session {cookies['sessionid']} went to {paths}"
     return cookies, paths.pop()
 
@@ -530,15 +471,16 @@ def test_split_share_and_stickiness(split_site: NginxServer, figures: dict[str, 
     assert 0.03 <= share <= 0.2, share
 
 
-def test_split_without_session_takes_baseline(split_site: NginxServer, visitor: Cookies) -> None:
-    """A request without a session cookie goes to the baseline path."""
+def test_split_without_session_is_refused(split_site: NginxServer, visitor: Cookies) -> None:
+    """A request without a session cookie (it hashes to the baseline) is refused as the page
+    expects: 403 ``session_required``, as JSON."""
     body = json.dumps({"message": "[scripted tokens=1 ttft_ms=0] Anyone?", "conversation": None})
     cookies = {"csrftoken": visitor["csrftoken"]}
     headers = {"Content-Type": "application/json", "X-CSRFToken": visitor["csrftoken"]}
     response = raw_post(split_site.port, body.encode(), cookies=cookies, headers=headers)
     try:
-        assert response.status == 200
-        assert meta_of(list(response.events()))["path"] == "direct"
+        assert response.status == 403
+        assert json.loads(response.body())["error"]["code"] == "session_required"
     finally:
         response.sock.close()
 

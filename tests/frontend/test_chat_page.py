@@ -213,6 +213,21 @@ def test_model_output_cannot_run_script(open_chat: Callable[..., Page]) -> None:
     expect(page.locator(QUESTIONS).first).to_have_text(question)
 
 
+def test_a_forgotten_session_is_renewed_and_the_question_asked_again(page: Page) -> None:
+    """The stream says ``session_required``: the page gets a new session and asks again by
+    itself, and the student sees one question and its answer, nothing of the detour."""
+    old = next(c for c in page.context.cookies() if c["name"] == "sessionid")
+    forged = "forgotten" + "0" * 23
+    page.context.add_cookies([{**old, "value": forged}])  # type: ignore[list-item]
+    answer = ask(page, "[scripted tokens=3] Still there?")
+    wait_finished(answer)
+    expect(answer.locator(".body")).to_have_text("".join(default_tokens(3)))
+    expect(page.locator(QUESTIONS)).to_have_count(1)
+    expect(page.locator("#status")).to_have_text("")
+    new = next(c for c in page.context.cookies() if c["name"] == "sessionid")["value"]
+    assert new not in (old["value"], forged)
+
+
 def test_conversation_is_kept_in_the_sidebar(page: Page) -> None:
     """An answered question appears in the sidebar and can be reopened after a reload."""
     question = f"[scripted tokens=8] Why do leaves fall? {uuid.uuid4().hex[:8]}"

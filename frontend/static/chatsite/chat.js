@@ -69,9 +69,26 @@ function busy(on) {
   if (on) els.retry.hidden = true;
 }
 
-async function ask(question) {
+// The session behind the page expired (or the server forgot it): get a new one, quietly.
+// Resolves to null, or to the server's refusal ({message}) when it cannot issue one now.
+async function renewSession() {
+  try {
+    const response = await fetch(config.sessionUrl, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "X-CSRFToken": cookie("csrftoken") },
+    });
+    if (response.ok) return null;
+    const payload = await response.json().catch(() => null);
+    return (payload && payload.error) || { message: `The server answered ${response.status}.` };
+  } catch {
+    return { message: "The server could not be reached." };
+  }
+}
+
+async function ask(question, renewed = false) {
   lastQuestion = question;
-  bubble("user", question);
+  const asked = bubble("user", question);
   const answer = bubble("assistant");
   answer.classList.add("streaming");
   const body = answer.querySelector(".body");
@@ -116,6 +133,21 @@ async function ask(question) {
   const result = await current.finished;
   current = null;
   timer = null;
+  if (result.code === "session_required" && !renewed) {
+    // Ask again on a new session. The old session's conversations are not this one's.
+    asked.remove();
+    answer.remove();
+    const refused = await renewSession();
+    if (!refused) {
+      conversationId = null;
+      return ask(question, true);
+    }
+    busy(false);
+    bubble("user", question);
+    setStatus(refused.message || "Reload the page to go on.", "error");
+    els.retry.hidden = false;
+    return;
+  }
   measured.report(config.beaconUrl, cookie("csrftoken"), CLIENT_OUTCOME[result.outcome] || "error");
   busy(false);
   answer.classList.remove("streaming");
