@@ -1,5 +1,6 @@
 """Conversations belong to an owner: a logged-in user ("user:<id>") or a browser session
-("session:<key>"). Nobody else can read or continue them."""
+("session:<a keyed hash of its key>", ``services.identity.owner_key_for``: never the key, which
+would work as the student's cookie). Nobody else can read or continue them."""
 
 import uuid
 

@@ -172,8 +172,8 @@ async def chat_stop(request: HttpRequest) -> HttpResponseBase:
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponseBase:
-    """CSRF failures: JSON for the API (as the direct path answers), Django's page elsewhere."""
-    if request.path.startswith("/api/"):
+    """CSRF failures: JSON for the APIs (as the direct path answers), Django's page elsewhere."""
+    if request.path.startswith(("/api/", "/dashboard/api/")):
         error = errors.CSRF_FAILED
         return api_error(error.with_message(f"{error.message} ({reason})"))
     from django.views.csrf import csrf_failure as page

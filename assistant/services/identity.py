@@ -7,6 +7,10 @@ store and ``get_user`` (which checks the session's auth hash), in one trip to a 
 Sessions are issued by the page (``session_issue``), a limited number per client address and
 minute. Nothing else creates one: a stream without a live session is refused
 (``session_required``), so a client cannot shed its limits by dropping its cookie.
+
+An anonymous owner is named by a keyed hash of its session key (``session_pseudonym``), never
+the key itself: owner keys are stored, listed in the admin and searched, and a session key
+would work as the student's cookie for whoever read it.
 """
 
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.http import HttpRequest
+from django.utils.crypto import salted_hmac
 
 from assistant import errors
 from assistant.errors import Rejected
@@ -28,12 +33,23 @@ class Identity:
     owner_key: str
 
 
+#: Keeps the owner-key hash apart from every other use of SECRET_KEY. Changing it, or the
+#: secret key, orphans anonymous students' conversations (their sessions end with the key too).
+OWNER_SALT = "chatsite.identity.owner-key"
+
+
+def session_pseudonym(session_key: str) -> str:
+    """A name for a session that cannot be used as one: HMAC-SHA256 of its key under the
+    site's secret key, 64 hex digits."""
+    return salted_hmac(OWNER_SALT, session_key, algorithm="sha256").hexdigest()
+
+
 def owner_key_for(user: Any, session_key: str | None) -> str:
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
     if not session_key:
         raise ValueError("An anonymous owner needs a session")
-    return f"session:{session_key}"
+    return f"session:{session_pseudonym(session_key)}"
 
 
 def session_live(session: Any) -> bool:

@@ -7,6 +7,7 @@ import pytest
 
 from assistant.engines.scripted import default_tokens
 from assistant.models import Conversation, Message
+from assistant.services.identity import session_pseudonym
 from tests.support import ChatClient, LiveServer, raw_post, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,4 +106,4 @@ def test_a_stream_without_a_live_session_is_refused_until_the_page_renews_it(
     finally:
         renewed.close()
     conversation = wait_for(lambda: Conversation.objects.filter(id=meta["conversation"]).first())
-    assert conversation.owner_key == f"session:{session_key}"
+    assert conversation.owner_key == f"session:{session_pseudonym(session_key)}"

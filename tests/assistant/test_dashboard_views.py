@@ -77,6 +77,9 @@ def test_the_split_control_needs_the_csrf_token(staff: Client) -> None:
     body = json.dumps({"percent": 30})
     refused = staff.post("/dashboard/api/split", body, content_type="application/json")
     assert refused.status_code == 403
+    # A JSON API answers JSON, as the dashboard's script expects, not Django's HTML page.
+    assert refused.headers["Content-Type"] == "application/json"
+    assert refused.json()["error"]["code"] == "csrf_failed"
     assert not BreakerEvent.objects.exists()
 
 

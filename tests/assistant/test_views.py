@@ -6,12 +6,13 @@ import pytest
 from django.test import Client
 
 from assistant.models import Conversation, Message
+from assistant.services.identity import session_pseudonym
 
 pytestmark = pytest.mark.django_db
 
 
 def owner_of(client: Client) -> str:
-    return f"session:{client.session.session_key}"
+    return f"session:{session_pseudonym(client.session.session_key)}"
 
 
 def test_page_sets_csrf_cookie_and_session_and_forbids_inline_script() -> None:

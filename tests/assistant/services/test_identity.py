@@ -7,7 +7,12 @@ from django.contrib.sessions.backends.cached_db import SessionStore
 from django.test import Client, override_settings
 
 from assistant.errors import Rejected
-from assistant.services.identity import identity_required, identity_resolve, session_issue
+from assistant.services.identity import (
+    identity_required,
+    identity_resolve,
+    session_issue,
+    session_pseudonym,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +34,7 @@ def test_the_page_session_is_reused() -> None:
     client = Client()
     client.get("/")
     key = client.session.session_key
-    assert identity_required(key).owner_key == f"session:{key}"
+    assert identity_required(key).owner_key == f"session:{session_pseudonym(key)}"
 
 
 def test_logged_in_user_owns_by_user_id() -> None:
