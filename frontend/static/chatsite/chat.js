@@ -23,10 +23,39 @@ let current = null; // the stream in flight
 let timer = null; // its measurements, reported when it ends (or the tab closes)
 let lastQuestion = null;
 
-// Model output is untrusted: markdown is rendered by a maintained parser, then sanitised.
+// Model output is untrusted: markdown is rendered by a maintained parser, then sanitised down to
+// what markdown itself produces. An answer a prompt injected must not draw controls of its own
+// (a fake "log in again" form), restyle the page, load outside images (they tell their server
+// who reads the answer) or open links that can reach back into this page.
+const MARKDOWN_TAGS = [
+  "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "code", "pre",
+  "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
+];
+const MARKDOWN_ATTRS = ["href", "title", "start", "align"];
+const LINK_SCHEMES = /^(?:https?:|mailto:)/i;
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escapeHtml = (value) => String(value).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+
+marked.use({
+  renderer: {
+    // An image is shown as a link to it, never loaded.
+    image({ href, text }) {
+      return `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`;
+    },
+  },
+});
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+  }
+});
+
 export function renderMarkdown(text) {
   return DOMPurify.sanitize(marked.parse(text, { async: false }), {
-    USE_PROFILES: { html: true },
+    ALLOWED_TAGS: MARKDOWN_TAGS,
+    ALLOWED_ATTR: MARKDOWN_ATTRS,
+    ALLOWED_URI_REGEXP: LINK_SCHEMES,
   });
 }
 
