@@ -57,7 +57,6 @@ def session_renew(request: HttpRequest) -> HttpResponse:
     try:
         session_issue(request.session, client=request_client(request))
     except Rejected as refused:
-        http.refusal(refused.error)
         return _error(refused.error, **{"Retry-After": str(refused.retry_after)})
     return HttpResponse(status=204)
 
@@ -83,6 +82,7 @@ def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> Jso
 
 
 def _error(error: errors.ApiError, **headers: str) -> JsonResponse:
+    http.refusal(error)
     return JsonResponse(error.payload(), status=error.status, headers=headers)
 
 

@@ -81,11 +81,11 @@ def seat_verdict(
         own = next((seat for seat in mine if seat.unheard()), None) if evict else None
         if own is not None:
             return Verdict(free=own, reason=UNHEARD)
-        return Verdict(refuse="address_busy")
+        return Verdict(refuse=errors.ADDRESS_BUSY.code)
     if not cap or len(seats) < cap:
         return Verdict()
     if not evict:
-        return Verdict(refuse="engine_busy")
+        return Verdict(refuse=errors.ENGINE_BUSY.code)
     unheard = next((seat for seat in seats if seat.unheard()), None)
     if unheard is not None:
         return Verdict(free=unheard, reason=UNHEARD)
@@ -95,7 +95,7 @@ def seat_verdict(
     if heaviest != client and most > cap / addresses and most >= len(mine) + 2:
         newest = next(seat for seat in reversed(seats) if seat.client == heaviest)
         return Verdict(free=newest, reason=FAIR_SHARE)
-    return Verdict(refuse="engine_busy")
+    return Verdict(refuse=errors.ENGINE_BUSY.code)
 
 
 @dataclass(eq=False)
@@ -117,7 +117,7 @@ class Seating:
             per_client=settings.CHATSITE_CLIENTS["STREAMS_PER_ADDRESS"],
             evict=evict,
         )
-        if verdict.refuse == "address_busy":
+        if verdict.refuse == errors.ADDRESS_BUSY.code:
             raise Rejected(errors.ADDRESS_BUSY, retry_after=ADDRESS_RETRY_AFTER_S)
         if verdict.refuse:
             raise EngineBusy(f"{len(self.seats)} streams already running on {self.engine.alias!r}")
@@ -132,10 +132,6 @@ class Seating:
 
     def remove(self, seat: Seat) -> None:
         self.seats.remove(seat)
-
-    def full(self) -> bool:
-        cap = self.engine.max_streams
-        return bool(cap) and len(self.seats) >= cap
 
 
 _seatings: "weakref.WeakKeyDictionary[BaseEngine, Seating]" = weakref.WeakKeyDictionary()

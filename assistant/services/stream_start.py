@@ -185,10 +185,9 @@ def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
 
     async def release() -> None:
         try:
-            result = await found
+            identity = (await found)[0]
         except BaseException:
             return  # refused or failed: it took no slot
-        identity = result[0] if isinstance(result, tuple) else result
         await run_db(chat_release, owner_key=identity.owner_key, request_id=request_id)
 
     background.spawn(release(), name=f"release:{request_id}")
