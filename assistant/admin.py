@@ -6,7 +6,11 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from assistant.forms import ThrottledAuthenticationForm
 from assistant.models import BreakerEvent, Conversation, Message, StreamRecord
+
+# Logins are throttled per account and per address (services/logins.py).
+admin.site.login_form = ThrottledAuthenticationForm
 
 
 class MessageInline(admin.TabularInline):

@@ -125,7 +125,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.response_started = True
         http.refusal(error)
         await self.send_response(
-            error.status, error.body(), headers=http.json_response_headers(extra)
+            error.status, error.body(), headers=http.json_response_headers(self.scope, extra)
         )
 
     async def respond(self, body: bytes) -> None:
@@ -176,7 +176,9 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         heartbeat = Heartbeat(self.send_frame, ping_interval())
         beating: asyncio.Task[None] | None = None
         try:
-            await self.send_headers(status=200, headers=http.sse_headers(request_id))
+            await self.send_headers(
+                status=200, headers=[*http.sse_headers(request_id), *http.security_headers(scope)]
+            )
             beating = asyncio.create_task(heartbeat.run())
             async with aclosing(chat_stream_body(stream)) as frames:
                 async for frame in frames:

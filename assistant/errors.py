@@ -40,6 +40,9 @@ UNSUPPORTED_MEDIA_TYPE = ApiError(
     415, "unsupported_media_type", "Send the request body as JSON (Content-Type: application/json)."
 )
 BODY_TOO_LARGE = ApiError(413, "body_too_large", "The request body is too large.")
+REQUEST_TIMEOUT = ApiError(
+    408, "request_timeout", "The request took too long to arrive. Send it again."
+)
 INVALID_JSON = ApiError(400, "invalid_json", "The request body is not valid JSON.")
 INVALID_BODY = ApiError(
     400, "invalid_body", 'Send a JSON object: {"message": "...", "conversation": null}.'
@@ -63,6 +66,11 @@ BEACON_UNKNOWN = ApiError(404, "beacon_unknown", "No such request.")
 BEACON_NOT_YOURS = ApiError(403, "beacon_not_yours", "That request belongs to another session.")
 BEACON_DUPLICATE = ApiError(409, "beacon_duplicate", "That request was reported already.")
 RATE_LIMITED = ApiError(429, "rate_limited", "Too many requests. Please wait a moment.")
+REQUEST_ID_USED = ApiError(
+    409,
+    "request_id_used",
+    "An answer is already running under that request id: send a new one, or none.",
+)
 STREAM_ACTIVE = ApiError(
     429,
     "stream_active",

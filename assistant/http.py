@@ -1,15 +1,21 @@
 """HTTP helpers for ASGI consumers that run without Django's middleware stack."""
 
+import functools
 import io
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
+from django.core.signals import setting_changed
 from django.http.request import split_domain_port, validate_host
 from django.middleware.csrf import CsrfViewMiddleware
+from django.utils.csp import CSP, build_policy
 
 from assistant import errors, metrics
+
+type Headers = list[tuple[bytes, bytes]]
 
 
 class _CsrfCheck(CsrfViewMiddleware):
@@ -49,7 +55,18 @@ def preflight_error(scope: Any) -> tuple[errors.ApiError, list[tuple[bytes, byte
         return errors.UNSUPPORTED_MEDIA_TYPE, []
     if not host_allowed(scope):
         return errors.BAD_HOST, []
+    if declared_length(scope) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
+        return errors.BODY_TOO_LARGE, []
     return None
+
+
+def declared_length(scope: Any) -> int:
+    """The request's Content-Length (0 when it has none: a chunked body is counted as read)."""
+    value = header(scope, b"content-length")
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 def host_allowed(scope: Any) -> bool:
@@ -93,25 +110,105 @@ def refusal(error: errors.ApiError) -> errors.ApiError:
     return error
 
 
-def json_response_headers(
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"content-type", b"application/json"),
-        (b"cache-control", b"no-store"),
-        (b"x-content-type-options", b"nosniff"),
-        *(extra or []),
-    ]
+@functools.cache
+def _page_security_headers() -> tuple[tuple[bytes, bytes], ...]:
+    """What Django's middleware adds to every page (SecurityMiddleware, the CSP middleware,
+    XFrameOptionsMiddleware), from the same settings, for responses sent past that middleware.
+    Strict-Transport-Security depends on the request: ``security_headers``."""
+    headers: list[tuple[str, str]] = []
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers.append(("x-content-type-options", "nosniff"))
+    policy = settings.SECURE_REFERRER_POLICY
+    if policy:
+        values = policy.split(",") if isinstance(policy, str) else policy
+        headers.append(("referrer-policy", ",".join(v.strip() for v in values)))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers.append(("cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY))
+    for header, config in [
+        (CSP.HEADER_ENFORCE, settings.SECURE_CSP),
+        (CSP.HEADER_REPORT_ONLY, settings.SECURE_CSP_REPORT_ONLY),
+    ]:
+        if config:
+            headers.append((str(header).lower(), build_policy(config)))
+    if settings.X_FRAME_OPTIONS:
+        headers.append(("x-frame-options", settings.X_FRAME_OPTIONS.upper()))
+    return tuple((name.encode("ascii"), value.encode("latin-1")) for name, value in headers)
 
 
-def sse_headers(request_id: str) -> list[tuple[bytes, bytes]]:
-    """The response headers of a chat stream, the same on every serving path."""
+@functools.cache
+def _hsts_header() -> tuple[bytes, bytes] | None:
+    seconds = settings.SECURE_HSTS_SECONDS
+    if not seconds:
+        return None
+    value = f"max-age={seconds}"
+    if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+        value += "; includeSubDomains"
+    if settings.SECURE_HSTS_PRELOAD:
+        value += "; preload"
+    return b"strict-transport-security", value.encode("ascii")
+
+
+def _forget_headers(**kwargs: Any) -> None:
+    _page_security_headers.cache_clear()
+    _hsts_header.cache_clear()
+
+
+setting_changed.connect(_forget_headers)
+
+
+def scope_secure(scope: Any) -> bool:
+    """``HttpRequest.is_secure()`` of an ASGI scope (SECURE_PROXY_SSL_HEADER where set)."""
+    proxy_header = settings.SECURE_PROXY_SSL_HEADER
+    if proxy_header:
+        meta_name, secure_value = proxy_header
+        name = meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1")
+        value = header(scope, name)
+        if value is not None:
+            return value.split(",", 1)[0].strip() == secure_value
+    return scope.get("scheme") == "https"
+
+
+def security_headers(scope: Any) -> Headers:
+    """The security headers of every response, whichever layer sends it: the same as Django's
+    pages carry (HSTS only over HTTPS, as there)."""
+    headers = list(_page_security_headers())
+    hsts = _hsts_header()
+    if hsts is not None and scope_secure(scope):
+        headers.append(hsts)
+    return headers
+
+
+def json_headers(extra: Headers | None = None) -> Headers:
+    """A JSON API response's own headers (Django's middleware adds the security headers)."""
+    return [(b"content-type", b"application/json"), (b"cache-control", b"no-store"), *(extra or [])]
+
+
+def json_response_headers(scope: Any, extra: Headers | None = None) -> Headers:
+    """``json_headers`` and the security headers, for a response sent past Django's stack."""
+    return [*json_headers(extra), *security_headers(scope)]
+
+
+async def send_json(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    scope: Any,
+    status: int,
+    body: bytes,
+    extra: Headers | None = None,
+) -> None:
+    """A whole JSON response on a bare ASGI ``send`` (the router and the probes)."""
+    headers = json_response_headers(scope, extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def sse_headers(request_id: str) -> Headers:
+    """A chat stream's own headers, the same on every serving path (with the security headers
+    from Django's middleware on the ``django`` path, from ``security_headers`` elsewhere)."""
     # No Content-Length (the body is open-ended), no Content-Encoding (compression buffers), and
     # no hand-set Transfer-Encoding: the server chooses chunking for HTTP/1.1 clients itself.
     return [
         (b"content-type", b"text/event-stream; charset=utf-8"),
         (b"cache-control", b"no-cache, no-transform"),
         (b"x-accel-buffering", b"no"),
-        (b"x-content-type-options", b"nosniff"),
         (b"x-request-id", request_id.encode("ascii")),
     ]

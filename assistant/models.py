@@ -67,7 +67,9 @@ class StreamRecord(models.Model):
         #: Stopped to let another request onto a full engine (error_code: unheard, fair_share).
         GIVEN_UP = "given_up"
 
-    request_id = models.CharField(max_length=64, unique=True)
+    #: One stream per request id (a unique constraint below); requests refused before their
+    #: stream started (no message) may share it: nginx sends a refused request on, same id.
+    request_id = models.CharField(max_length=64, db_index=True)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
     owner_key = models.CharField(max_length=80, db_index=True)
     path = models.CharField(max_length=16)
@@ -111,6 +113,13 @@ class StreamRecord(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["path", "created_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["request_id"],
+                condition=models.Q(message_id__isnull=False),
+                name="stream_record_one_stream_per_request_id",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.path} {self.outcome}"

@@ -23,9 +23,7 @@ async def _respond(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     body = b"" if scope["method"] == "HEAD" else json.dumps(payload).encode()
-    headers = http.json_response_headers(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await http.send_json(send, scope, status, body, extra)
 
 
 async def _refused(scope: Any, send: Any) -> bool:

@@ -11,12 +11,13 @@ from typing import Any
 from django.conf import settings
 from django.http.cookie import parse_cookie
 
-from assistant import http
+from assistant import errors, http
 from assistant.services.serving import split_current
 from assistant.services.timings import RECEIVED_KEY, now
 from assistant.transport import CONNECTION_KEY, client_connection
 
 Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
 ASGIApp = Callable[
     [Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]
 ]
@@ -45,9 +46,7 @@ class ChatStreamRouter:
         if refused is not None:
             error, extra = refused
             http.refusal(error)
-            headers = http.json_response_headers(extra)
-            await send({"type": "http.response.start", "status": error.status, "headers": headers})
-            await send({"type": "http.response.body", "body": error.body()})
+            await http.send_json(send, scope, error.status, error.body(), extra)
             return
         named = scope["path"].removeprefix(STREAM_PREFIX).strip("/")
         if named:
@@ -55,4 +54,49 @@ class ChatStreamRouter:
         else:
             split = await split_current()
             path = split.route(session_cookie(scope))
+        if path == "django":
+            # Django reads a whole body before a view can look at it: read it here, and stop at
+            # the limit (the consumer counts as it reads, too).
+            try:
+                body = await body_read(receive, settings.CHATSITE_STREAM["MAX_BODY_BYTES"])
+            except BodyTooLarge:
+                error = http.refusal(errors.BODY_TOO_LARGE)
+                await http.send_json(send, scope, error.status, error.body())
+                return
+            if body is None:
+                return  # the client left before its body arrived
+            receive = body_replayed(body, receive)
         await self.apps[path](scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """The request body is longer than the limit."""
+
+
+async def body_read(receive: Receive, limit: int) -> bytes | None:
+    """The request body, read as it arrives; ``BodyTooLarge`` as soon as it passes ``limit``
+    bytes, None when the client disconnects first."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def body_replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for an application after ``body_read``: the body as one message, then
+    whatever the server sends next (the disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replayed

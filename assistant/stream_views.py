@@ -40,21 +40,17 @@ def api_error(
     """An ``ApiError`` as the JSON response both serving paths send."""
     http.refusal(error)
     response = HttpResponse(error.body(), status=error.status)
-    for name, value in http.json_response_headers(headers):
+    for name, value in http.json_headers(headers):
         response.headers[name.decode("ascii")] = value.decode("latin-1")
     return response
 
 
 async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     """``POST /api/chat/stream/django``: answer one chat message as Server-Sent Events."""
-    # Method, content type and host were checked by the router (assistant.routing), CSRF by
-    # the middleware.
+    # Method, content type, host and body size were checked by the router (assistant.routing),
+    # CSRF by the middleware.
     timings = StreamTimings(received=received_at(request.scope))  # type: ignore[attr-defined]
-    if int(request.META.get("CONTENT_LENGTH") or 0) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
-        return api_error(errors.BODY_TOO_LARGE)
     body = request.body
-    if len(body) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
-        return api_error(errors.BODY_TOO_LARGE)
     request_id = request_id_choose(request.headers.get("x-request-id"))
     try:
         stream = await chat_stream_start(

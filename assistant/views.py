@@ -5,7 +5,8 @@ import json
 import uuid
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
@@ -131,3 +132,15 @@ async def beacon(request: HttpRequest) -> HttpResponse:
             await asyncio.sleep(0.05)
     except Rejected as exc:
         return _error(exc.error)
+
+
+def admin_login(request: HttpRequest) -> HttpResponseBase:
+    """The admin's login page (``/admin/login/``, also the dashboard's), answering a locked-out
+    attempt with 429 and Retry-After beside the form's message (``forms.py``)."""
+    response = admin.site.login(request)
+    context = getattr(response, "context_data", None) or {}
+    locked_for = getattr(context.get("form"), "locked_for", None)
+    if locked_for is not None:
+        response.status_code = 429
+        response.headers["Retry-After"] = str(locked_for)
+    return response

@@ -324,6 +324,17 @@ CHATSITE_CLIENTS = {
     "NEW_SESSIONS_PER_MINUTE": env_int("CHATSITE_NEW_SESSIONS_PER_MINUTE", 120),
     # Answers one address may have streaming at once, per worker and engine; 0: no limit.
     "STREAMS_PER_ADDRESS": env_int("CHATSITE_STREAMS_PER_ADDRESS", 120),
+    # Seconds a request may take to arrive whole, headers and body (python -m chatsite.server);
+    # 0: no limit. Behind nginx, nginx reads the body first.
+    "REQUEST_TIMEOUT_S": float(env_str("CHATSITE_REQUEST_TIMEOUT_S", "10")),
+}
+
+# Failed password logins before the username, or the address, is locked for LOCKOUT_S
+# (counted over the same span); 0: no limit. Schools' staff may share one address.
+CHATSITE_LOGIN_LIMITS = {
+    "FAILURES_PER_ACCOUNT": env_int("CHATSITE_LOGIN_FAILURES_PER_ACCOUNT", 5),
+    "FAILURES_PER_ADDRESS": env_int("CHATSITE_LOGIN_FAILURES_PER_ADDRESS", 30),
+    "LOCKOUT_S": env_int("CHATSITE_LOGIN_LOCKOUT_S", 900),
 }
 
 # (requests, seconds) per session or user.

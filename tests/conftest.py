@@ -1,4 +1,5 @@
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -89,6 +90,17 @@ def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -
 def daphne(daphne_factory) -> LiveServer:
     """Daphne with the scripted engine (50 ms to the first token, 20 ms between tokens)."""
     return daphne_factory(CHATSITE_PING_INTERVAL="15")
+
+
+@pytest.fixture(scope="module")
+def production(daphne_factory) -> LiveServer:
+    """Daphne with production-style settings, behind TLS terminated by a proxy."""
+    return daphne_factory(
+        CHATSITE_DEBUG="0",
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(38)[:50],
+        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+        CHATSITE_TLS="1",
+    )
 
 
 @pytest.fixture

@@ -200,7 +200,7 @@ def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = No
         [
             sys.executable,
             "-m",
-            "daphne",
+            "chatsite.server",
             "-b",
             "127.0.0.1",
             "-p",
@@ -351,13 +351,24 @@ class ChatClient:
         method: str = "POST",
     ) -> "RawResponse":
         """POST ``payload`` as JSON on a raw socket, with this client's cookies and token."""
+        return RawResponse(self.send(payload, headers, path=path, method=method))
+
+    def send(
+        self,
+        payload: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        path: str = "/api/chat/stream",
+        method: str = "POST",
+    ) -> socket.socket:
+        """``raw`` without reading the response: for requests that must be in flight at once."""
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         all_headers = {
             "Content-Type": "application/json",
             "X-CSRFToken": self.csrf_token,
             **(headers or {}),
         }
-        return raw_post(
+        return raw_post_send(
             self.server.port,
             body,
             cookies=self.cookies(),
@@ -482,7 +493,12 @@ def page_visit(port: int, source: str | None = None) -> Visit:
         response.sock.close()
 
 
-def raw_post(
+def raw_post(port: int, body: bytes, **kwargs: Any) -> RawResponse:
+    """Send one request on a new connection and read the response head (``raw_post_send``)."""
+    return RawResponse(raw_post_send(port, body, **kwargs))
+
+
+def raw_post_send(
     port: int,
     body: bytes,
     *,
@@ -491,16 +507,24 @@ def raw_post(
     path: str = "/api/chat/stream",
     method: str = "POST",
     source: str | None = None,
-) -> RawResponse:
-    """Send one request on a new connection (from ``source``) and read the response head."""
-    lines = [f"{method} {path} HTTP/1.1", f"Content-Length: {len(body)}"]
+    chunked_body: bytes | None = None,
+) -> socket.socket:
+    """Send one request on a new connection (from ``source``); its response is left unread.
+    ``chunked_body`` is sent instead of ``body``, in 64 KiB chunks, without a Content-Length."""
+    lines = [f"{method} {path} HTTP/1.1"]
+    if chunked_body is None:
+        lines.append(f"Content-Length: {len(body)}")
+    else:
+        lines.append("Transfer-Encoding: chunked")
+        pieces = [chunked_body[at : at + 65536] for at in range(0, len(chunked_body), 65536)]
+        body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
     if not any(k.lower() == "host" for k in headers or {}):
         lines.append(f"Host: 127.0.0.1:{port}")
     if cookies:
         lines.append("Cookie: " + "; ".join(f"{k}={v}" for k, v in cookies.items()))
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    return RawResponse(raw_request(port, request, source=source))
+    return raw_request(port, request, source=source)
 
 
 class CountingProxy:

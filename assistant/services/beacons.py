@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from assistant import errors, metrics
@@ -156,7 +157,12 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
     yet (the stream is still ending); raises for someone else's or an already reported one."""
     with transaction.atomic():
         record = (
-            StreamRecord.objects.select_for_update().filter(request_id=beacon.request_id).first()
+            StreamRecord.objects.select_for_update()
+            .filter(request_id=beacon.request_id)
+            # The stream, rather than a refusal of the same request before it (nginx sent the
+            # request on to another path).
+            .order_by(F("message_id").asc(nulls_last=True))
+            .first()
         )
         if record is None:
             return None

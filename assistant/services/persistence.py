@@ -16,7 +16,15 @@ import weakref
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections, models, router, transaction
+from django.db import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    models,
+    router,
+    transaction,
+)
 from django.utils import timezone
 
 from assistant import metrics
@@ -35,6 +43,26 @@ class Rows:
     #: Conversations whose ``updated_at`` moves to now (they got a new answer).
     touch: list[uuid.UUID] = field(default_factory=list)
     records: list[StreamRecord] = field(default_factory=list)
+    #: The records' request ids were replaced once already (``records_renamed``).
+    renamed: bool = False
+
+
+def records_renamed(rows: Rows) -> bool:
+    """Give ``rows``' stream records new request ids, once, when an earlier stream's record has
+    theirs (a client sent an id again): one warning line each, naming both ids. False when
+    ``rows`` are not records alone, or were renamed already."""
+    if rows.renamed or not rows.records or rows.messages or rows.conversations:
+        return False
+    rows.renamed = True
+    for record in rows.records:
+        new_id = uuid.uuid4().hex
+        logger.warning(
+            "Request id %s was used by an earlier stream: this stream's record is stored as %s",
+            record.request_id,
+            new_id,
+        )
+        record.request_id = new_id
+    return True
 
 
 def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
@@ -135,16 +163,23 @@ class GroupWriter:
                 logger.error("Could not store %s: the database stayed unreachable", _describe(rows))
                 metrics.PERSISTENCE_FAILURES.labels("lost").inc()
             return
-        except Exception:
+        except Exception as exc:
             if len(batch) > 1:
                 # One bad row must not lose the others: retry them one by one.
                 for item in batch:
                     await self._flush([item])
                 return
             rows, done = batch[0]
+            if isinstance(exc, IntegrityError) and records_renamed(rows):
+                await self._flush(batch)
+                return
             if not done.done():
                 done.set_exception(_failure(rows))
-            logger.exception("Could not store %s", _describe(rows))
+            if isinstance(exc, IntegrityError):
+                # A row the database refuses (a request id stored already): said in one line.
+                logger.warning("Could not store %s: %s", _describe(rows), str(exc).strip())
+            else:
+                logger.exception("Could not store %s", _describe(rows))
             metrics.PERSISTENCE_FAILURES.labels("lost").inc()
             return
         for _, done in batch:

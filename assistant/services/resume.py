@@ -82,9 +82,8 @@ class ResumableStream:
             return
         self.finished = True
         self._cancel_grace()
-        key = (self.owner_key, self.request_id)
-        if _live.get(key) is self:
-            del _live[key]
+        if _live.get(self.request_id) is self:
+            del _live[self.request_id]
         self._wake()
         keep = settings.CHATSITE_STREAM["RESUME_KEEP_S"]
         asyncio.get_running_loop().call_later(keep, self._forget)
@@ -200,26 +199,35 @@ class ResumableStream:
 
 #: Streams that can be resumed, by (owner, request id): only while resuming is on.
 _registry: dict[tuple[str, str], ResumableStream] = {}
-#: Streams still running, by (owner, request id), whether resuming is on or not: for Stop.
-_live: dict[tuple[str, str], ResumableStream] = {}
+#: Streams still running, by request id, whether resuming is on or not: for Stop, and so that
+#: no two answers run under one id.
+_live: dict[str, ResumableStream] = {}
+
+
+def request_id_running(request_id: str) -> bool:
+    """From any thread: whether an answer runs under ``request_id`` in this process, anybody's."""
+    return request_id in _live
 
 
 def resumable_stop(*, owner_key: str, request_id: str) -> bool:
     """From any thread: stop ``request_id`` at once if this process runs it for ``owner_key``,
     listened to or not (the student pressed Stop). What was said is stored as for any other
     early end. True when there was such an answer to stop."""
-    stream = _live.get((owner_key, request_id))
-    if stream is None or stream.finished:
+    stream = _live.get(request_id)
+    if stream is None or stream.owner_key != owner_key or stream.finished:
         return False
     stream._loop.call_soon_threadsafe(stream._stopped_by_owner)
     return True
 
 
 def resumable_preempt(*, owner_key: str, request_id: str) -> bool:
-    """From any thread: stop ``request_id`` if this process runs it for ``owner_key`` and nobody
-    listens to it (its student moved on to a new question). True when it was stopped."""
+    """From any thread: stop ``request_id`` if this process runs it for ``owner_key`` and its
+    listeners have all gone (its student moved on to a new question). True when it was stopped.
+
+    A stream nobody has listened to yet is not abandoned: its response is about to (the
+    ``django`` path's response starts reading only once the view has returned it)."""
     stream = _registry.get((owner_key, request_id))
-    if stream is None or stream.listeners > 0 or stream.finished:
+    if stream is None or not stream.abandoned or stream.listeners > 0 or stream.finished:
         return False
     stream._loop.call_soon_threadsafe(stream._preempted)
     return True
@@ -237,7 +245,7 @@ def resumable_open(
     stream = ResumableStream(
         request_id=request_id, owner_key=owner_key, stop=stop, contended=contended
     )
-    _live[(owner_key, request_id)] = stream
+    _live[request_id] = stream
     if settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0:
         _registry[(owner_key, request_id)] = stream
     return stream

@@ -40,6 +40,7 @@ from assistant.services.conversations import (
 )
 from assistant.services.identity import Identity, identity_required, identity_resolve
 from assistant.services.persistence import Rows, rows_store
+from assistant.services.resume import request_id_running
 from assistant.services.seats import Seat, Seating, seating_for
 from assistant.services.serving import engine_alias_for
 from assistant.services.streaming import ChatStream, engine_stop
@@ -78,6 +79,11 @@ async def chat_stream_start(
     try:
         if session_key is None:
             raise Rejected(errors.SESSION_REQUIRED)
+        # An id a client sent (the page makes one per question) names one answer: its resume,
+        # its Stop. One already running here is refused; one a stored stream had is replaced
+        # when this stream's record is stored (services/persistence.py).
+        if request_id_running(request_id):
+            raise Rejected(errors.REQUEST_ID_USED)
         turn = chat_turn_parse(body)
         engine = get_engine(alias)
         engine_name = engine.name

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from assistant.models import Message, StreamRecord
-from tests.support import ChatClient, LiveServer, wait_for
+from tests.support import ChatClient, LiveServer, RawResponse, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,6 +97,36 @@ def test_one_answer_at_a_time_per_session(daphne: LiveServer, transactional_db, 
     finally:
         client.close()
     assert events[-1].event == "done"
+
+
+@pytest.fixture(scope="module")
+def resuming(daphne_factory) -> LiveServer:
+    """Answers whose page went away wait 30 s for a resume, as by default."""
+    return daphne_factory(CHATSITE_RESUME_GRACE_S="30")
+
+
+def test_questions_sent_at_once_by_one_session_get_one_answer(
+    resuming: LiveServer, transactional_db, url: str
+) -> None:
+    """Several questions of one session in flight together: one answer streams to its end, and
+    every other request is refused 429 ``stream_active`` (none starts and is then cut off)."""
+    client = ChatClient(resuming)
+    try:
+        # Each answer takes 3 s, longer than a refused request waits for a slot (1 s).
+        socks = [
+            client.send({"message": f"[scripted tokens=60 itl_ms=50] question {n}"}, path=url)
+            for n in range(5)
+        ]
+        responses = [RawResponse(sock) for sock in socks]
+        outcomes = []
+        for response in responses:
+            if response.status == 200:
+                outcomes.append((200, [event.event for event in response.events()][-1]))
+            else:
+                outcomes.append(refusal(response)[:2])
+    finally:
+        client.close()
+    assert sorted(outcomes) == [(200, "done")] + [(429, "stream_active")] * 4
 
 
 def _answered(client: ChatClient, url: str) -> list | None:

@@ -142,17 +142,6 @@ def test_session_and_csrf_cookies_are_httponly_and_samesite(daphne: LiveServer) 
     assert not cookies["sessionid"]["secure"] and not cookies["csrftoken"]["secure"]
 
 
-@pytest.fixture(scope="module")
-def production(daphne_factory) -> LiveServer:
-    """Daphne with production-style settings, behind TLS terminated by a proxy."""
-    return daphne_factory(
-        CHATSITE_DEBUG="0",
-        DJANGO_SECRET_KEY=secrets.token_urlsafe(38)[:50],
-        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
-        CHATSITE_TLS="1",
-    )
-
-
 HTTPS = {"X-Forwarded-Proto": "https"}
 
 

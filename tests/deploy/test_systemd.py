@@ -46,7 +46,6 @@ CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL)
 
 # The example install's executables, and what a rendering runs instead (each must occur).
 EXAMPLE_EXECUTABLES = {
-    "/srv/chatsite/.venv/bin/daphne": str(ROOT / ".venv" / "bin" / "daphne"),
     "/srv/chatsite/.venv/bin/python": str(ROOT / ".venv" / "bin" / "python"),
     # vLLM needs a GPU and is not installed here.
     "/srv/vllm/.venv/bin/vllm": shutil.which("true") or "/bin/true",
@@ -310,10 +309,11 @@ def test_hardening_regression_is_caught(systemd_analyze: str, tmp_path: Path) ->
 
 
 def test_worker_runs_daphne_on_loopback_at_its_instance_port() -> None:
-    """Each instance is Daphne on 127.0.0.1:%i behind nginx, restarted when it dies."""
+    """Each instance is Daphne (chatsite's, with its request deadline) on 127.0.0.1:%i behind
+    nginx, restarted when it dies."""
     worker = unit(WORKER)
     argv = exec_argv(worker)
-    assert argv[0] == "/srv/chatsite/.venv/bin/daphne"
+    assert argv[:3] == ["/srv/chatsite/.venv/bin/python", "-m", "chatsite.server"]
     assert flag_value(argv, "-b") == "127.0.0.1"
     assert flag_value(argv, "-p") == "%i"
     assert "--proxy-headers" in argv
