@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
 
-from assistant.services.clients import request_client
+from assistant.services.clients import UNKNOWN, request_client
 from assistant.services.logins import login_failed, login_locked, login_succeeded
 
 
@@ -29,7 +29,7 @@ class ThrottledAuthenticationForm(AdminAuthenticationForm):
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username") or ""
-        client = request_client(self.request) if self.request is not None else "unknown"
+        client = request_client(self.request) if self.request is not None else UNKNOWN
         self.locked_for = login_locked(username=username, client=client)
         if self.locked_for is not None:
             raise ValidationError(locked_message(self.locked_for), code="locked")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.cache import cache
 
+from assistant.services.ratelimit import counter_hit
+
 
 @dataclass(frozen=True, slots=True)
 class LoginLimits:
@@ -70,13 +72,7 @@ def login_failed(*, username: str, client: str, now: float | None = None) -> Non
         if limit <= 0:
             continue  # no limit for this subject
         key = f"login:failures:{subject}"
-        cache.add(key, 0, timeout=limits.lockout_s)
-        try:
-            count = cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.set(key, 1, timeout=limits.lockout_s)
-            count = 1
-        if count >= limit:
+        if counter_hit(key, timeout=limits.lockout_s) >= limit:
             cache.set(f"login:lock:{subject}", now + limits.lockout_s, timeout=limits.lockout_s + 1)
             cache.delete(key)
 

@@ -176,7 +176,7 @@ class GroupWriter:
             if not done.done():
                 done.set_exception(_failure(rows))
             if isinstance(exc, IntegrityError):
-                # A row the database refuses (a request id stored already): said in one line.
+                # A row the database refuses (a constraint): said in one line, no traceback.
                 logger.warning("Could not store %s: %s", _describe(rows), str(exc).strip())
             else:
                 logger.exception("Could not store %s", _describe(rows))

@@ -7,17 +7,22 @@ import time
 from django.core.cache import cache
 
 
+def counter_hit(cache_key: str, *, timeout: float) -> int:
+    """Add one to the count at ``cache_key`` (which lives ``timeout`` seconds from its first
+    hit) and return it, counted once whichever worker asks."""
+    cache.add(cache_key, 0, timeout=timeout)
+    try:
+        return cache.incr(cache_key)
+    except ValueError:  # expired between add and incr
+        cache.set(cache_key, 1, timeout=timeout)
+        return 1
+
+
 def rate_limit_hit(*, scope: str, key: str, limit: int, window_s: int) -> int | None:
     """Count one request; when over ``limit`` in this window, the seconds until it resets."""
     now = time.time()
     bucket = int(now // window_s)
-    cache_key = f"ratelimit:{scope}:{key}:{bucket}"
-    cache.add(cache_key, 0, timeout=window_s + 1)
-    try:
-        count = cache.incr(cache_key)
-    except ValueError:  # expired between add and incr
-        cache.set(cache_key, 1, timeout=window_s + 1)
-        count = 1
+    count = counter_hit(f"ratelimit:{scope}:{key}:{bucket}", timeout=window_s + 1)
     if count <= limit:
         return None
     return max(1, math.ceil((bucket + 1) * window_s - now))

@@ -227,7 +227,7 @@ def resumable_preempt(*, owner_key: str, request_id: str) -> bool:
     A stream nobody has listened to yet is not abandoned: its response is about to (the
     ``django`` path's response starts reading only once the view has returned it)."""
     stream = _registry.get((owner_key, request_id))
-    if stream is None or not stream.abandoned or stream.listeners > 0 or stream.finished:
+    if stream is None or not stream.abandoned or stream.finished:
         return False
     stream._loop.call_soon_threadsafe(stream._preempted)
     return True
