@@ -20,14 +20,13 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from assistant import errors, sse
+from assistant import errors, http, sse
 from assistant.db import run_db, run_db_write
 from assistant.engines import describe_serving
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent
 from assistant.services.dashboard import WINDOWS, traffic_snapshot
 from assistant.services.serving import split_change, split_load
-from assistant.stream_views import api_error
 
 #: Seconds between two snapshots pushed to a dashboard.
 PUSH_INTERVAL_S = 1.0
@@ -47,11 +46,11 @@ def staff_required(view: AsyncView) -> AsyncView:
         is_api = request.path.startswith("/dashboard/api/") or request.path.endswith("/events")
         if not user.is_authenticated:
             if is_api:
-                return api_error(errors.LOGIN_REQUIRED)
+                return http.api_error(errors.LOGIN_REQUIRED)
             return redirect_to_login(request.get_full_path())
         if not user.is_staff:
             if is_api:
-                return api_error(errors.STAFF_ONLY)
+                return http.api_error(errors.STAFF_ONLY)
             return render(request, "assistant/forbidden.html", status=403)
         return await view(request, *args, **kwargs)
 
@@ -136,7 +135,7 @@ async def dashboard_events(request: HttpRequest) -> HttpResponseBase:
     try:
         window = _window(request)
     except Rejected as rejected:
-        return api_error(rejected.error)
+        return http.api_error(rejected.error)
     response = StreamingHttpResponse(_snapshots(window), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
@@ -159,7 +158,7 @@ async def dashboard_snapshot_json(request: HttpRequest) -> HttpResponseBase:
     try:
         window = _window(request)
     except Rejected as rejected:
-        return api_error(rejected.error)
+        return http.api_error(rejected.error)
     snapshot = await run_db(dashboard_snapshot, window=window)
     return HttpResponse(json.dumps(snapshot), content_type="application/json")
 
@@ -171,16 +170,16 @@ async def split_update(request: HttpRequest) -> HttpResponseBase:
     try:
         payload = json.loads(request.body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return api_error(errors.INVALID_JSON)
+        return http.api_error(errors.INVALID_JSON)
     if not isinstance(payload, dict):
-        return api_error(errors.SPLIT_INVALID)
+        return http.api_error(errors.SPLIT_INVALID)
     percent, mode = payload.get("percent"), payload.get("mode")
     if percent is not None and (isinstance(percent, bool) or not isinstance(percent, int | float)):
-        return api_error(errors.SPLIT_INVALID.with_message("percent must be a number."))
+        return http.api_error(errors.SPLIT_INVALID.with_message("percent must be a number."))
     if mode is not None and not isinstance(mode, str):
-        return api_error(errors.SPLIT_INVALID.with_message("mode must be a string."))
+        return http.api_error(errors.SPLIT_INVALID.with_message("mode must be a string."))
     if percent is None and mode is None:
-        return api_error(errors.SPLIT_INVALID.with_message("Send percent, mode or both."))
+        return http.api_error(errors.SPLIT_INVALID.with_message("Send percent, mode or both."))
     user = await request.auser()
     try:
         split = await run_db_write(
@@ -190,6 +189,6 @@ async def split_update(request: HttpRequest) -> HttpResponseBase:
             actor=user.get_username(),
         )
     except Rejected as rejected:
-        return api_error(rejected.error)
+        return http.api_error(rejected.error)
     await run_db(cache.delete_many, [f"chatsite:dashboard:{w}" for w in WINDOWS])
     return HttpResponse(json.dumps({"split": split.describe()}), content_type="application/json")

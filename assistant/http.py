@@ -1,7 +1,9 @@
-"""HTTP helpers for ASGI consumers that run without Django's middleware stack."""
+"""HTTP helpers: JSON errors for every layer, and what ASGI consumers running without Django's
+middleware stack need of it (CSRF, hosts, security headers)."""
 
 import functools
 import io
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -9,20 +11,14 @@ from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import setting_changed
+from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
-from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.csp import CSP, build_policy
 
 from assistant import errors, metrics
+from assistant.internals import CsrfCheck as _CsrfCheck
 
 type Headers = list[tuple[bytes, bytes]]
-
-
-class _CsrfCheck(CsrfViewMiddleware):
-    """Django's own CSRF check, answering with the reason instead of a 403 page."""
-
-    def _reject(self, request: Any, reason: str) -> str:  # type: ignore[override]
-        return reason
 
 
 def _protected_view() -> None:
@@ -183,9 +179,35 @@ def json_headers(extra: Headers | None = None) -> Headers:
     return [(b"content-type", b"application/json"), (b"cache-control", b"no-store"), *(extra or [])]
 
 
-def json_response_headers(scope: Any, extra: Headers | None = None) -> Headers:
-    """``json_headers`` and the security headers, for a response sent past Django's stack."""
-    return [*json_headers(extra), *security_headers(scope)]
+def json_error(
+    error: errors.ApiError, extra: Headers | None = None, **fields: Any
+) -> tuple[int, Headers, bytes]:
+    """Every JSON error the site answers, whichever layer sends it: counted as a refusal
+    (``refusal``), with its status, its headers (before the security headers) and its body
+    (the catalogue's payload, plus ``fields`` beside ``error`` where given)."""
+    refusal(error)
+    body = error.body() if not fields else json.dumps({**error.payload(), **fields}).encode()
+    return error.status, json_headers(extra), body
+
+
+def api_error(error: errors.ApiError, extra: Headers | None = None, **fields: Any) -> HttpResponse:
+    """``json_error`` as a Django response (its middleware adds the security headers)."""
+    status, headers, body = json_error(error, extra, **fields)
+    response = HttpResponse(body, status=status)
+    for name, value in headers:
+        response.headers[name.decode("ascii")] = value.decode("latin-1")
+    return response
+
+
+async def send_error(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    scope: Any,
+    error: errors.ApiError,
+    extra: Headers | None = None,
+) -> None:
+    """``json_error`` as a whole response on a bare ASGI ``send`` (the router, the consumer)."""
+    status, headers, body = json_error(error, extra)
+    await send_json(send, scope, status, body, headers)
 
 
 async def send_json(
@@ -193,10 +215,10 @@ async def send_json(
     scope: Any,
     status: int,
     body: bytes,
-    extra: Headers | None = None,
+    headers: Headers,
 ) -> None:
-    """A whole JSON response on a bare ASGI ``send`` (the router and the probes)."""
-    headers = json_response_headers(scope, extra)
+    """A whole JSON response with ``headers`` and the security headers on a bare ASGI ``send``."""
+    headers = [*headers, *security_headers(scope)]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -23,7 +23,7 @@ async def _respond(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     body = b"" if scope["method"] == "HEAD" else json.dumps(payload).encode()
-    await http.send_json(send, scope, status, body, extra)
+    await http.send_json(send, scope, status, body, http.json_headers(extra))
 
 
 async def _refused(scope: Any, send: Any) -> bool:

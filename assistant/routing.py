@@ -12,7 +12,7 @@ from django.conf import settings
 from django.http.cookie import parse_cookie
 
 from assistant import errors, http
-from assistant.services.serving import split_current
+from assistant.services.serving_refresh import split_current
 from assistant.services.timings import RECEIVED_KEY, now
 from assistant.transport import CONNECTION_KEY, client_connection
 
@@ -34,7 +34,7 @@ def session_cookie(scope: Scope) -> str | None:
 
 
 class ChatStreamRouter:
-    """Dispatch a chat stream to ``apps[path]``, by URL or by the split."""
+    """Dispatch a chat stream to ``apps[serving_path]``, by URL or by the split."""
 
     def __init__(self, apps: dict[str, ASGIApp]) -> None:
         self.apps = apps
@@ -45,28 +45,26 @@ class ChatStreamRouter:
         refused = http.preflight_error(scope)
         if refused is not None:
             error, extra = refused
-            http.refusal(error)
-            await http.send_json(send, scope, error.status, error.body(), extra)
+            await http.send_error(send, scope, error, extra)
             return
         named = scope["path"].removeprefix(STREAM_PREFIX).strip("/")
         if named:
-            path = named
+            serving_path = named
         else:
             split = await split_current()
-            path = split.route(session_cookie(scope))
-        if path == "django":
+            serving_path = split.route(session_cookie(scope))
+        if serving_path == "django":
             # Django reads a whole body before a view can look at it: read it here, and stop at
             # the limit (the consumer counts as it reads, too).
             try:
                 body = await body_read(receive, settings.CHATSITE_STREAM["MAX_BODY_BYTES"])
             except BodyTooLarge:
-                error = http.refusal(errors.BODY_TOO_LARGE)
-                await http.send_json(send, scope, error.status, error.body())
+                await http.send_error(send, scope, errors.BODY_TOO_LARGE)
                 return
             if body is None:
                 return  # the client left before its body arrived
             receive = body_replayed(body, receive)
-        await self.apps[path](scope, receive, send)
+        await self.apps[serving_path](scope, receive, send)
 
 
 class BodyTooLarge(Exception):

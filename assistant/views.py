@@ -58,7 +58,7 @@ def session_renew(request: HttpRequest) -> HttpResponse:
     try:
         session_issue(request.session, client=request_client(request))
     except Rejected as refused:
-        return _error(refused.error, **{"Retry-After": str(refused.retry_after)})
+        return http.api_error(refused.error, refused.headers())
     return HttpResponse(status=204)
 
 
@@ -78,13 +78,8 @@ def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> Jso
             owner_key=owner_key, conversation_id=conversation_id
         )
     if messages is None:
-        return _error(errors.CONVERSATION_NOT_FOUND)
+        return http.api_error(errors.CONVERSATION_NOT_FOUND)
     return JsonResponse({"id": str(conversation_id), "messages": messages})
-
-
-def _error(error: errors.ApiError, **headers: str) -> JsonResponse:
-    http.refusal(error)
-    return JsonResponse(error.payload(), status=error.status, headers=headers)
 
 
 def _beacon_sync(
@@ -106,16 +101,16 @@ def _beacon_sync(
 async def beacon(request: HttpRequest) -> HttpResponse:
     """``POST /api/chat/beacon``: the browser's timings of one request. 204 when joined."""
     if len(request.body) > 4096:
-        return _error(errors.BODY_TOO_LARGE)
+        return http.api_error(errors.BODY_TOO_LARGE)
     try:
         payload = json.loads(request.body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return _error(errors.INVALID_JSON)
+        return http.api_error(errors.INVALID_JSON)
     if isinstance(payload, dict) and isinstance(payload.get("csrf_token"), str):
         request.META["HTTP_X_CSRFTOKEN"] = payload["csrf_token"]
     rejected = http.csrf_error(request)
     if rejected is not None:
-        return _error(rejected)
+        return http.api_error(rejected)
     try:
         parsed = beacon_parse(payload)
         deadline = asyncio.get_running_loop().time() + BEACON_WAIT_S
@@ -124,14 +119,16 @@ async def beacon(request: HttpRequest) -> HttpResponse:
             record, retry_after = await run_db(_beacon_sync, request, parsed, first_try=first_try)
             first_try = False
             if retry_after is not None:
-                return _error(errors.RATE_LIMITED, **{"Retry-After": str(retry_after)})
+                return http.api_error(
+                    errors.RATE_LIMITED, [(b"retry-after", str(retry_after).encode())]
+                )
             if record is not None:
                 return HttpResponse(status=204)
             if asyncio.get_running_loop().time() >= deadline:
-                return _error(errors.BEACON_UNKNOWN)
+                return http.api_error(errors.BEACON_UNKNOWN)
             await asyncio.sleep(0.05)
     except Rejected as exc:
-        return _error(exc.error)
+        return http.api_error(exc.error)
 
 
 def admin_login(request: HttpRequest) -> HttpResponseBase:

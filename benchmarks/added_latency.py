@@ -14,25 +14,34 @@ The same client measures three servers on loopback, one at a time:
   router) with the scripted engine (CSRF, session, SQLite);
 * ``chatsite-django``: the same server, ``django`` path (an async view behind the middleware).
 
+Beside each figure: the server process's CPU time per answer over the measured run (user +
+system, from ``/proc/<pid>/stat``).
+
 Usage: python benchmarks/added_latency.py [--requests 200] [--concurrency 1 50] [--ttft-ms 100]
-Client and servers share the machine's cores, as in a single-host deployment.
+       [--servers ...] [--chatsite-root DIR]
+``--chatsite-root`` runs the chatsite servers from another checkout of the project (its own
+code, this client), so two versions are measured the same way: alternate the two in one
+session to compare them. Client and servers share the machine's cores, as in a single-host
+deployment.
 """
 
 import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import free_port, start_daphne  # noqa: E402
+from assistant.benchmarking import SSEParser, percentile  # noqa: E402
+from assistant.benchmarking.ports import accepts, free_port  # noqa: E402
+from assistant.benchmarking.servers import start_daphne  # noqa: E402
 
 BARE_SERVER = r"""
 import asyncio, sys
@@ -83,24 +92,40 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
+async def body_pieces(reader: asyncio.StreamReader, head: bytes) -> AsyncIterator[bytes]:
+    """The response body after ``head``, piece by piece as it arrives: de-chunked when the
+    server chunks it (Daphne and uvicorn do), else read until the server closes (the bare one)."""
+    fields = (line.partition(b":") for line in head.lower().split(b"\r\n")[1:])
+    headers = {name.strip(): value.strip() for name, _, value in fields}
+    if headers.get(b"transfer-encoding") != b"chunked":
+        while data := await reader.read(65536):
+            yield data
+        return
+    while size := int((await reader.readline()).split(b";")[0], 16):
+        yield (await reader.readexactly(size + 2))[:-2]
+
+
 async def one_request(port: int, request: bytes) -> float:
-    """Seconds from sending the request to reading the first token frame. Reads the whole
-    answer, as a browser does, so that every stream occupies the server for its full length."""
+    """Seconds from sending the request to reading the first token frame (its terminating
+    blank line). Reads the whole answer, as a browser does, so that every stream occupies the
+    server for its full length."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         sent = time.perf_counter()
         writer.write(request)
-        buffer = b""
+        head = await reader.readuntil(b"\r\n\r\n")
+        parser = SSEParser()
         first_token = None
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            buffer += data
-            if first_token is None and b"event: token" in buffer:
-                first_token = time.perf_counter() - sent
-        if first_token is None or b"event: done" not in buffer:
-            raise ConnectionError(f"incomplete answer: {buffer[:300]!r}")
+        done = False
+        start = b""  # of the body, for the error
+        async for data in body_pieces(reader, head):
+            start += data[: 300 - len(start)]
+            for event in parser.feed(data):
+                if first_token is None and event.event == "token":
+                    first_token = time.perf_counter() - sent
+                done = done or event.event == "done"
+        if first_token is None or not done:
+            raise ConnectionError(f"incomplete answer: {head + start!r}")
         return first_token
     finally:
         writer.close()
@@ -136,36 +161,36 @@ def build_request(
 
 
 def wait_port(port: int, timeout: float = 30) -> None:
-    import socket
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        if accepts(port, timeout=0.5):
             return
-        except OSError:
-            time.sleep(0.05)
+        time.sleep(0.05)
     raise RuntimeError(f"port {port} never opened")
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def report(name: str, concurrency: int, samples: list[float], ttft_ms: float) -> dict:
+def report(name: str, concurrency: int, samples: list[float], ttft_ms: float, cpu_s: float) -> dict:
     added = [s * 1000 - ttft_ms for s in samples]
     row = {
         "server": name,
         "concurrency": concurrency,
         "requests": len(samples),
-        "p50_ms": round(statistics.median(added), 2),
-        "p95_ms": round(percentile(added, 0.95), 2),
-        "p99_ms": round(percentile(added, 0.99), 2),
+        "cpu_ms_per_answer": round(cpu_s * 1000 / len(samples), 2),
+        "p50_ms": round(percentile(added, 50), 2),
+        "p95_ms": round(percentile(added, 95), 2),
+        "p99_ms": round(percentile(added, 99), 2),
     }
     print(
         f"{name:9s} c={concurrency:<3d} n={len(samples):<4d} added first-token latency: "
-        f"p50 {row['p50_ms']:7.2f} ms   p95 {row['p95_ms']:7.2f} ms   p99 {row['p99_ms']:7.2f} ms",
+        f"p50 {row['p50_ms']:7.2f} ms   p95 {row['p95_ms']:7.2f} ms   p99 {row['p99_ms']:7.2f} ms"
+        f"   server CPU {row['cpu_ms_per_answer']:6.2f} ms/answer",
         flush=True,
     )
     return row
@@ -184,6 +209,9 @@ def main() -> None:
         choices=["bare", "uvicorn", "chatsite", "chatsite-django"],
         default=["bare", "uvicorn", "chatsite", "chatsite-django"],
     )
+    parser.add_argument(
+        "--chatsite-root", type=Path, default=ROOT, help="run chatsite from this checkout"
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
 
@@ -196,12 +224,13 @@ def main() -> None:
                 db = Path(tmp) / "bench.sqlite3"
                 subprocess.run(
                     [sys.executable, "manage.py", "migrate", "-v0"],
-                    cwd=ROOT,
+                    cwd=args.chatsite_root,
                     env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
                     check=True,
                 )
                 server = start_daphne(
                     workdir=Path(tmp),
+                    root=args.chatsite_root,
                     db_path=str(db),
                     env={
                         # As deployed: debug off (no SQL logging, no autoreload of static files).
@@ -216,6 +245,10 @@ def main() -> None:
                         # One page's cookies ask every question here: no per-student limits.
                         "CHATSITE_STREAMS_PER_SESSION": "0",
                         "CHATSITE_CHAT_RATE": "100000000",
+                        "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
+                        # Resuming off (no finished answer kept), as for the figures in
+                        # docs/performance.md.
+                        "CHATSITE_RESUME_GRACE_S": "0",
                     },
                 )
                 import httpx
@@ -249,8 +282,11 @@ def main() -> None:
             try:
                 asyncio.run(run_load(port, request, 10, 1))  # warm up
                 for concurrency in args.concurrency:
+                    pid = (process or server.process).pid
+                    cpu_before = cpu_seconds(pid)
                     samples = asyncio.run(run_load(port, request, args.requests, concurrency))
-                    rows.append(report(name, concurrency, samples, args.ttft_ms))
+                    cpu_s = cpu_seconds(pid) - cpu_before
+                    rows.append(report(name, concurrency, samples, args.ttft_ms, cpu_s))
             finally:
                 if process is not None:
                     process.terminate()

@@ -31,12 +31,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from assistant.benchmarking.servers import ModelHost  # noqa: E402
 from assistant.benchmarking.stats import percentile  # noqa: E402
 from assistant.engines import BaseEngine, ChatMessage, EngineError, GenerationParams  # noqa: E402
 from assistant.engines.llamacpp import LlamaCppEngine  # noqa: E402
 from assistant.engines.model_process import ModelProcessEngine  # noqa: E402
 from assistant.engines.scripted import ScriptedEngine  # noqa: E402
-from tests.support import ModelHost  # noqa: E402
 
 SCRIPTED = "assistant.engines.scripted.ScriptedEngine"
 QUESTIONS = [

@@ -1,7 +1,6 @@
 """ASGI entry point: the streaming consumer on its own route, Django for everything else."""
 
 import os
-import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -12,9 +11,10 @@ django_application = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from assistant import engines, probes  # noqa: E402
+from assistant import engines, internals, probes  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
+from assistant.services.background import drain  # noqa: E402
 
 # Several workers share PROMETHEUS_MULTIPROC_DIR: when this one exits, its live gauges
 # (streams open now) must stop counting.
@@ -26,20 +26,9 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     atexit.register(multiprocess.mark_process_dead, os.getpid())
 
 # Under Daphne: when the process is asked to stop, Daphne cancels the open requests first; then
-# the answers they leave behind are stored before the reactor stops (bounded, 5 s).
-if "twisted.internet.reactor" in sys.modules:
-    from assistant.services.background import drain
-
-    def _drain_before_exit() -> object:
-        import asyncio
-
-        from twisted.internet import defer
-
-        return defer.Deferred.fromFuture(asyncio.ensure_future(drain(within_s=5.0)))
-
-    sys.modules["twisted.internet.reactor"].addSystemEventTrigger(  # type: ignore[attr-defined]
-        "during", "shutdown", _drain_before_exit
-    )
+# the answers they leave behind are stored before the reactor stops (bounded, 5 s). Under another
+# server no Twisted reactor runs, and this never fires.
+internals.await_at_shutdown(lambda: drain(within_s=5.0))
 
 # Load the models now, once per process, so the first student does not wait for them.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":

@@ -16,9 +16,10 @@ import logging
 import time
 from typing import Any
 
-from daphne.cli import CommandLineInterface
 from daphne.http_protocol import WebRequest
 from daphne.server import Server
+
+from assistant import internals
 
 logger = logging.getLogger("assistant.server")
 
@@ -37,53 +38,45 @@ def request_refuse_late(request: WebRequest) -> None:
     """Answer ``request`` 408 and close its connection; nothing more of it is read."""
     from assistant import errors, http  # after Django's settings
 
-    transport = request.channel.transport
+    transport = internals.request_transport(request)
     transport.pauseProducing()  # read no more of this connection
-    error = http.refusal(errors.REQUEST_TIMEOUT)
-    body = error.body()
+    _status, headers, body = http.json_error(errors.REQUEST_TIMEOUT)
     head = [
         (b"content-length", str(len(body)).encode("ascii")),
         (b"connection", b"close"),
-        *http.json_response_headers(_request_scope(request)),
+        *headers,
+        *http.security_headers(_request_scope(request)),
     ]
     lines = [b"HTTP/1.1 408 Request Timeout", *(name + b": " + value for name, value in head)]
     transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
     transport.loseConnection()
 
 
-class ChatsiteServer(Server):
-    """Daphne's server, refusing requests that do not arrive in time."""
+def refuse_late_requests(server: Server) -> None:
+    """Refuse each request on ``server`` still arriving ``REQUEST_TIMEOUT_S`` after it began."""
+    from django.conf import settings  # read when serving: the settings may not be set up yet
 
-    def timeout_checker(self) -> None:
-        from django.conf import settings
-
-        limit = settings.CHATSITE_CLIENTS["REQUEST_TIMEOUT_S"]
-        if limit > 0:
-            started_before = time.time() - limit
-            for request, details in list(self.connections.items()):
-                if (
-                    isinstance(request, WebRequest)
-                    and not hasattr(request, "request_start")  # still being received
-                    and "disconnected" not in details
-                    and not getattr(request, "chatsite_refused", False)
-                    and details["connected"] < started_before
-                ):
-                    request.chatsite_refused = True
-                    logger.warning(
-                        "Refused a request from %s that took over %g s to arrive",
-                        getattr(request.channel.transport.getPeer(), "host", "?"),
-                        limit,
-                    )
-                    request_refuse_late(request)
-        super().timeout_checker()
+    limit = settings.CHATSITE_CLIENTS["REQUEST_TIMEOUT_S"]
+    if limit <= 0:
+        return
+    started_before = time.time() - limit
+    for request, began in internals.requests_arriving(server):
+        if began < started_before and not getattr(request, "chatsite_refused", False):
+            request.chatsite_refused = True
+            logger.warning(
+                "Refused a request from %s that took over %g s to arrive",
+                getattr(internals.request_transport(request).getPeer(), "host", "?"),
+                limit,
+            )
+            request_refuse_late(request)
 
 
-class ChatsiteCommandLine(CommandLineInterface):
-    server_class = ChatsiteServer
+#: Daphne's server, refusing requests that do not arrive in time (at each of its timeout checks).
+ChatsiteServer = internals.daphne_server_class(refuse_late_requests)
 
 
 def main() -> None:
-    ChatsiteCommandLine.entrypoint()
+    internals.daphne_command_line(ChatsiteServer).entrypoint()
 
 
 if __name__ == "__main__":

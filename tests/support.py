@@ -1,232 +1,59 @@
-"""Test helpers: a real Daphne on loopback, a browser-like HTTP client, an SSE reader."""
+"""Test helpers: Daphne with the tests' settings, nginx, a browser-like HTTP client, raw sockets
+and an SSE reader that stamps arrival times.
+
+The servers themselves (Daphne, the model process) live in ``assistant.benchmarking.servers``,
+shared with the benchmarks; what only tests want of them is added here."""
 
 import asyncio
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from assistant.benchmarking import SSEParser
+from assistant.benchmarking import SSEParser, servers
+from assistant.benchmarking.ports import accepts, free_port
+
+# Real servers on loopback, shared with benchmarks and tooling; the tests import them from here.
+from assistant.benchmarking.servers import (  # noqa: F401
+    ROOT,
+    LiveServer,
+    ModelHost,
+    database_env,
+    short_socket_path,
+    terminate,
+)
 
 # preexec_fn for every server a test starts: the kernel kills it when the test process dies,
 # however that dies (a segfault in native code, a SIGKILL, a timeout), so none outlives its run.
 from assistant.modelhost.supervisor import die_with_parent
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def short_socket_path() -> Path:
-    """A fresh path for a Unix socket: at most 107 bytes, which pytest's tmp_path can exceed."""
-    return Path(tempfile.mkdtemp(prefix="chm-")) / "model.sock"
-
-
-def terminate(process: subprocess.Popen[bytes], *, timeout: float) -> None:
-    """SIGTERM, then SIGKILL if ``process`` is still there after ``timeout`` seconds."""
-    process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-@dataclass
-class LiveServer:
-    url: str
-    port: int
-    process: subprocess.Popen[bytes]
-    events_file: Path
-    log_file: Path
-    #: The model process this server's embedded engine talks to, when the test started one.
-    model_host: "ModelHost | None" = None
-
-    def engine_events(self, tag: str | None = None) -> list[dict[str, Any]]:
-        """What the scripted engine recorded (start/finish/cancel), optionally for one tag."""
-        if not self.events_file.exists():
-            return []
-        rows = [json.loads(line) for line in self.events_file.read_text().splitlines() if line]
-        return [r for r in rows if tag is None or r.get("tag") == tag]
-
-    def wait_engine_event(self, tag: str, event: str, timeout: float = 5.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for row in self.engine_events(tag):
-                if row["event"] == event:
-                    return row
-            time.sleep(0.005)
-        raise AssertionError(
-            f"engine never recorded {event!r} for {tag!r}: {self.engine_events(tag)}"
-        )
-
-    def log(self) -> str:
-        return self.log_file.read_text(errors="replace")
-
-    def stop(self) -> None:
-        terminate(self.process, timeout=10)
-        if self.model_host is not None:
-            self.model_host.stop()
-
-
-class ModelHost:
-    """``python -m assistant.modelhost``: the supervised model process, on a socket of its own.
-
-    ``backend`` is the engine class it hosts: the real embedded model by default, or the
-    scripted engine where a test is about the process boundary rather than the model."""
-
-    def __init__(
-        self,
-        log: Path,
-        *,
-        backend: str = "assistant.engines.llamacpp.LlamaCppEngine",
-        options: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
-        socket: Path | None = None,
-    ) -> None:
-        from assistant.engines.model_process import ModelProcessEngine
-
-        #: The directory this made for the socket, removed by ``stop``.
-        self.own_dir = None if socket else short_socket_path().parent
-        self.socket = socket or self.own_dir / "model.sock"  # type: ignore[operator]
-        self.log = log
-        command = [sys.executable, "-m", "assistant.modelhost", "--socket", str(self.socket)]
-        command += ["--backend", backend]
-        if options is not None:
-            command += ["--options", json.dumps(options)]
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-        self.client = ModelProcessEngine("test", {"SOCKET": str(self.socket)})
-        self.wait_until(lambda status: status.state != "starting", timeout=90)
-
-    def status(self) -> Any:
-        from assistant.engines import EngineUnavailable
-
-        try:
-            return self.client.status_fetch()
-        except EngineUnavailable:
-            from assistant.modelhost.protocol import HostStatus
-
-            return HostStatus(state="starting")  # not bound yet
-
-    def wait_until(self, predicate: Any, timeout: float = 60) -> Any:
-        """The first status that satisfies ``predicate``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                log = self.log.read_text(errors="replace")
-                raise RuntimeError(f"the model host exited:\n{log}")
-            status = self.status()
-            if predicate(status):
-                return status
-            time.sleep(0.02)
-        raise AssertionError(f"model host never got there: {self.status()}\n{self.log.read_text()}")
-
-    def kill_runner(self, sig: int) -> int:
-        """Send ``sig`` to the model process (not the supervisor); its pid."""
-        pid = int(self.status().pid)
-        assert pid > 0, self.status()
-        os.kill(pid, sig)
-        return pid
-
-    def stop(self) -> None:
-        terminate(self.process, timeout=15)
-        if self.own_dir is not None:
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-
-
-def database_env(name: str) -> dict[str, str]:
-    """Settings that point a server process at the database ``name`` (the test database): the
-    same PostgreSQL server as DATABASE_URL when that is set, else a SQLite file."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return {"DATABASE_URL": urlunsplit(urlsplit(url)._replace(path="/" + name))}
-    return {"CHATSITE_SQLITE_PATH": name}
+#: What every test server changes from the settings' defaults (under the test's own ``env``).
+TEST_SETTINGS = {
+    # A client that leaves stops its answer at once, unless a test turns resuming on; and
+    # one test session asks far more than a student would in a minute.
+    "CHATSITE_RESUME_GRACE_S": "0",
+    "CHATSITE_CHAT_RATE": "100000",
+    # Every test client shares 127.0.0.1, unless a test gives it its own address.
+    "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
+}
 
 
 def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = None) -> LiveServer:
-    """Start Daphne with chatsite on a free loopback port and wait until it serves.
-    ``db_path`` names the database (see ``database_env``)."""
-    port = free_port()
-    events_file = workdir / f"engine-events-{port}.jsonl"
-    log_file = workdir / f"daphne-{port}.log"
-    env = dict(env or {})
-    model_host = None
-    if env.get("CHATSITE_ENGINE") == "llamacpp" and "CHATSITE_MODEL_SOCKET" not in env:
-        # The embedded model runs in its own process, as ./scripts/run and systemd run it.
-        model_host = ModelHost(workdir / f"modelhost-{port}.log", env=env)
-        env["CHATSITE_MODEL_SOCKET"] = str(model_host.socket)
-    full_env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "chatsite.settings",
-        "CHATSITE_ENGINE": "scripted",
-        **database_env(db_path),
-        "CHATSITE_SCRIPTED_EVENTS_FILE": str(events_file),
-        # A client that leaves stops its answer at once, unless a test turns resuming on; and
-        # one test session asks far more than a student would in a minute.
-        "CHATSITE_RESUME_GRACE_S": "0",
-        "CHATSITE_CHAT_RATE": "100000",
-        # Every test client shares 127.0.0.1, unless a test gives it its own address.
-        "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
-        "PYTHONUNBUFFERED": "1",
-        **env,
-    }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chatsite.server",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "chatsite.asgi:application",
-        ],
-        cwd=ROOT,
-        env=full_env,
-        stdout=log_file.open("wb"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent,
+    """``assistant.benchmarking.servers.start_daphne`` with ``TEST_SETTINGS`` under ``env``."""
+    return servers.start_daphne(
+        workdir=workdir, db_path=db_path, env={**TEST_SETTINGS, **(env or {})}
     )
-    server = LiveServer(
-        f"http://127.0.0.1:{port}", port, process, events_file, log_file, model_host=model_host
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"daphne did not start:\n{server.log()}")
 
 
 @dataclass
@@ -264,11 +91,9 @@ def start_nginx(binary: str, work: Path, site: str, workers: Any, edits: Any = (
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"nginx exited with {process.returncode}:\n{server.log()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        if accepts(port):
             return server
-        except OSError:
-            time.sleep(0.02)
+        time.sleep(0.02)
     server.stop()
     raise RuntimeError(f"nginx did not start:\n{server.log()}")
 
@@ -320,8 +145,8 @@ class ChatClient:
 
     def stream(
         self, message: str, conversation: str | None = None, *, url: str = "/api/chat/stream"
-    ) -> Iterator[Event]:
-        """Events of one answer, as they arrive."""
+    ) -> Generator[Event, None, None]:
+        """Events of one answer, as they arrive; closing the generator closes the connection."""
         reader = SSEReader()
         headers = {"X-CSRFToken": self.csrf_token}
         body = {"message": message, "conversation": conversation}

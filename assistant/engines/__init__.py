@@ -22,6 +22,7 @@ from .base import (
     EngineTimeout,
     EngineUnavailable,
     GenerationParams,
+    engine_stop,
 )
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "EngineUnavailable",
     "GenerationParams",
     "describe_serving",
+    "engine_stop",
     "get_engine",
     "preload",
     "preload_serving",

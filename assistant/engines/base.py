@@ -6,6 +6,7 @@ in-process request. Errors before the first delta are ``EngineUnavailable`` (the
 answer 503); errors after it are ``EngineError`` (the caller ends the stream with an error event).
 """
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -144,7 +145,7 @@ class BaseEngine(ABC):
 
     def contended(self) -> bool:
         """Another request waits for this engine because it answers one at a time. An answer
-        nobody listens to gives the engine up then (services/resume.py)."""
+        nobody listens to gives the engine up then (services/answer_buffer.py)."""
         return self.queue_depth() > 0
 
     def queue_depth(self) -> int:
@@ -159,3 +160,14 @@ class BaseEngine(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (HTTP clients, threads)."""
+
+
+async def engine_stop(
+    pending: "asyncio.Future[Delta] | None", deltas: AsyncIterator[Delta]
+) -> None:
+    """Cancel the engine's step in flight (``pending``, if any), then close its stream: the
+    contract above makes that stop generation upstream."""
+    if pending is not None and not pending.done():
+        pending.cancel()
+        await asyncio.wait({pending})
+    await deltas.aclose()  # type: ignore[attr-defined]

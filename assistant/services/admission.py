@@ -6,15 +6,19 @@ Synchronous: call through ``assistant.db.run_db``.
 """
 
 import asyncio
+import logging
 
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.locmem import LocMemCache
 
 from assistant import errors
+from assistant.db import run_db
 from assistant.errors import Rejected
+from assistant.services.answer_registry import answer_preempt
 from assistant.services.ratelimit import rate_limit_hit
-from assistant.services.resume import resumable_preempt
+
+logger = logging.getLogger(__name__)
 
 #: Seconds after which a stream slot frees itself even if its release was lost (a worker died).
 SLOT_TTL_S = 120
@@ -42,8 +46,6 @@ def chat_admit(*, owner_key: str, request_id: str) -> bool:
 async def chat_slot_wait(*, owner_key: str, request_id: str) -> None:
     """Wait up to ``SLOT_WAIT_S`` for a stream slot (an answer that has just ended or been
     left may still be giving its slot back), then refuse: 429 ``stream_active``."""
-    from assistant.db import run_db
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SLOT_WAIT_S
     while loop.time() < deadline:
@@ -65,7 +67,7 @@ def chat_slot_take(*, owner_key: str, request_id: str) -> bool:
     # the student asked something new instead.
     for key in keys:
         holder = cache.get(key)
-        if holder is not None and resumable_preempt(owner_key=owner_key, request_id=holder):
+        if holder is not None and answer_preempt(owner_key=owner_key, request_id=holder):
             cache.set(key, request_id, timeout=SLOT_TTL_S)
             return True
     return False
@@ -82,3 +84,17 @@ def chat_release(*, owner_key: str, request_id: str) -> None:
         if cache.get(key) == request_id:
             cache.delete(key)
             return
+
+
+async def chat_slot_release(*, owner_key: str, request_id: str) -> None:
+    """``chat_release`` from the event loop: in place when the cache is this process's memory,
+    else on a database thread. A failure is logged: the slot frees itself after ``SLOT_TTL_S``."""
+    if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
+        return  # no slots to give back: no trip to a thread
+    try:
+        if cache_in_process():
+            chat_release(owner_key=owner_key, request_id=request_id)  # microseconds
+        else:
+            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+    except Exception:
+        logger.exception("Could not give back the stream slot of %s", request_id)

@@ -25,7 +25,8 @@ from django.utils import timezone
 
 from assistant.benchmarking.stats import percentile
 from assistant.models import BreakerEvent, ServingState, StreamRecord
-from assistant.services.serving import Breaker, Mode, serving_state_get, split_from
+from assistant.services.serving import serving_state_get
+from assistant.services.serving_state import Breaker, Mode, split_from
 from assistant.services.telemetry import SERVER_FAULTS
 
 logger = logging.getLogger(__name__)
@@ -43,9 +44,11 @@ class PathFigures:
         return self.errors / self.samples if self.samples else 0.0
 
 
-def path_figures(*, path: str, since: datetime, until: datetime) -> PathFigures:
-    """Synchronous (ORM): streams on ``path`` that arrived in [since, until]."""
-    rows = StreamRecord.objects.filter(path=path, created_at__gte=since, created_at__lte=until)
+def path_figures(*, serving_path: str, since: datetime, until: datetime) -> PathFigures:
+    """Synchronous (ORM): streams on ``serving_path`` that arrived in [since, until]."""
+    rows = StreamRecord.objects.filter(
+        path=serving_path, created_at__gte=since, created_at__lte=until
+    )
     samples = errors = 0
     ttfts: list[float] = []
     for outcome, ttft in rows.values_list("outcome", "server_ttft_ms").iterator():
@@ -54,7 +57,7 @@ def path_figures(*, path: str, since: datetime, until: datetime) -> PathFigures:
         if ttft is not None:
             ttfts.append(ttft)
     p95 = round(percentile(ttfts, 95), 1) if ttfts else None
-    return PathFigures(path=path, samples=samples, errors=errors, p95_ms=p95)
+    return PathFigures(path=serving_path, samples=samples, errors=errors, p95_ms=p95)
 
 
 def breaker_verdict(
@@ -150,9 +153,9 @@ def _breaker_step(state: ServingState, now: datetime) -> BreakerEvent | None:
     if split.percent <= 0:
         return None
     window_start = now - timedelta(seconds=config["WINDOW_S"])
-    baseline = path_figures(path=split.baseline, since=window_start, until=now)
+    baseline = path_figures(serving_path=split.baseline, since=window_start, until=now)
     since_change = max(window_start, state.breaker_since or window_start)
-    candidate = path_figures(path=split.candidate, since=since_change, until=now)
+    candidate = path_figures(serving_path=split.candidate, since=since_change, until=now)
     half_open = state.breaker == Breaker.HALF_OPEN
     verdict = breaker_verdict(
         baseline=baseline,

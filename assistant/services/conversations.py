@@ -1,12 +1,14 @@
 """Conversations: reading history (synchronous ORM, through ``run_db``) and the rows a stream
 stores (through ``assistant.services.persistence``)."""
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 
 from assistant.engines import ChatMessage
-from assistant.models import Conversation, Message
-from assistant.services.persistence import Rows
+from assistant.models import Conversation, Message, StreamRecord
+from assistant.services.persistence import Rows, rows_store
+from assistant.services.telemetry import AnswerSummary, stream_record
 
 TITLE_CHARS = 60
 
@@ -65,9 +67,13 @@ def question_rows(*, owner_key: str, exchange: Exchange, question: str) -> Rows:
 
 
 def answer_rows(
-    *, exchange: Exchange, content: str, status: Message.Status, finish_reason: str
+    *, exchange: Exchange, content: str, outcome: StreamRecord.Outcome, finish_reason: str
 ) -> Rows:
     """The assistant's answer, complete or partial, ready to store; it touches the conversation."""
+    if outcome == StreamRecord.Outcome.OK:
+        status = Message.Status.COMPLETE
+    else:
+        status = Message.Status.PARTIAL if content else Message.Status.FAILED
     answer = Message(
         id=exchange.answer_message_id,
         conversation_id=exchange.conversation_id,
@@ -78,3 +84,10 @@ def answer_rows(
         request_id=exchange.request_id,
     )
     return Rows(messages=[answer], touch=[exchange.conversation_id])
+
+
+async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
+    """Store an ended answer's rows and its record. Written after the question by the same
+    writer; if the question failed, so does this. The record is submitted apart (usually in the
+    same transaction): a request id used twice must not cost the answer."""
+    await asyncio.gather(rows_store(rows), rows_store(Rows(records=[stream_record(summary)])))

@@ -1,15 +1,54 @@
-"""The frames of a chat stream that are not the engine's words, and keeping a quiet stream alive.
+"""The frames of an answer, encoded on top of ``assistant.sse``, and keeping a quiet stream alive.
 
-Encoding on top of ``assistant.sse``, and the ``Heartbeat`` that pings beside a loop of sends
-(the Channels consumer; a resumable stream's listeners ping from its buffer instead).
+Every frame an answer sends is built here, so its wire format is read in one place; the
+``Heartbeat`` pings beside an answer's live listener (``services/answer.py``; listeners that read
+the answer's buffer ping from their wait instead).
 """
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
 from assistant import sse
+
+OPEN = sse.encode_comment("open")
+PING = sse.encode_comment("ping")
+
+
+def meta_frame(
+    *,
+    request_id: str,
+    conversation_id: uuid.UUID,
+    message_id: uuid.UUID,
+    user_message_id: uuid.UUID,
+    serving_path: str,
+    engine: str,
+) -> bytes:
+    """Which answer this is: the first event of every stream (and of every resume)."""
+    return sse.encode_json_event(
+        {
+            "request_id": request_id,
+            "conversation": str(conversation_id),
+            "message": str(message_id),
+            "user_message": str(user_message_id),
+            "path": serving_path,
+            "engine": engine,
+        },
+        event="meta",
+    )
+
+
+def token_frame(text: str, token_id: int) -> bytes:
+    """One piece of the answer; ``token_id`` counts from 1 and is what a resume names."""
+    return sse.encode_json_event({"text": text}, event="token", id=str(token_id))
+
+
+def done_frame(*, finish_reason: str, tokens: int, timings: dict[str, float | int | None]) -> bytes:
+    return sse.encode_json_event(
+        {"finish_reason": finish_reason, "tokens": tokens, "timings": timings}, event="done"
+    )
 
 
 def error_frame(code: str, message: str) -> bytes:
@@ -50,9 +89,6 @@ class Heartbeat:
                 continue
             await self.send(PING)
             self.beat()
-
-
-PING = sse.encode_comment("ping")
 
 
 def ping_interval() -> float:

@@ -1,37 +1,54 @@
-"""What each stream measured: its stored record and its Prometheus observations.
+"""What each answer measured: its stored record and its Prometheus observations.
 
-Both happen when a stream ends, from timings taken on the way, so measuring adds nothing to the
-path of the first token.
+Both happen when an answer ends, from timings taken on the way, so measuring adds nothing to the
+path of the first token. They take an ``AnswerSummary``, a small record of what the answer was,
+not the answer itself: telemetry depends on nothing that runs answers.
 """
 
-from typing import TYPE_CHECKING
+import uuid
+from dataclasses import dataclass
 
 from assistant import metrics
 from assistant.models import StreamRecord
 from assistant.services.timings import StreamTimings
 
-if TYPE_CHECKING:
-    from assistant.services.streaming import ChatStream
+Outcome = StreamRecord.Outcome
 
 #: Outcomes that are the server's fault (a student closing the tab is not).
-SERVER_FAULTS = {"engine_error", "timeout", "server_error"}
+SERVER_FAULTS = frozenset({Outcome.ENGINE_ERROR, Outcome.TIMEOUT, Outcome.SERVER_ERROR})
 #: Outcomes whose record keeps the reason as its error code.
-_WITH_REASON = SERVER_FAULTS | {"given_up"}
+_WITH_REASON = SERVER_FAULTS | {Outcome.GIVEN_UP}
 
 
-def stream_record(stream: "ChatStream") -> StreamRecord:
-    t = stream.timings
+@dataclass(frozen=True, slots=True)
+class AnswerSummary:
+    """One ended answer, as its record and its metrics see it."""
+
+    request_id: str
+    owner_key: str
+    serving_path: str
+    engine: str
+    outcome: Outcome
+    #: Why it ended early ("" when it did not): an engine's or the catalogue's error code.
+    error_code: str
+    conversation_id: uuid.UUID
+    message_id: uuid.UUID
+    timings: StreamTimings
+
+
+def stream_record(summary: AnswerSummary) -> StreamRecord:
+    t = summary.timings
     ms = t.as_ms()
     return StreamRecord(
-        request_id=stream.exchange.request_id,
+        request_id=summary.request_id,
         created_at=t.received_at,
-        owner_key=stream.identity.owner_key,
-        path=stream.path,
-        engine=stream.engine.name,
-        outcome=stream.outcome,
-        error_code=stream.finish_reason if stream.outcome in _WITH_REASON else "",
-        conversation_id=stream.exchange.conversation_id,
-        message_id=stream.exchange.answer_message_id,
+        owner_key=summary.owner_key,
+        path=summary.serving_path,
+        engine=summary.engine,
+        outcome=summary.outcome,
+        error_code=summary.error_code if summary.outcome in _WITH_REASON else "",
+        conversation_id=summary.conversation_id,
+        message_id=summary.message_id,
         tokens=t.tokens,
         parse_ms=ms["parsed"],
         queue_ms=ms["queue"],
@@ -49,7 +66,7 @@ def refused_record(
     *,
     request_id: str,
     owner_key: str,
-    path: str,
+    serving_path: str,
     engine: str,
     reason: str,
     timings: StreamTimings,
@@ -60,25 +77,30 @@ def refused_record(
         request_id=request_id,
         created_at=timings.received_at,
         owner_key=owner_key,
-        path=path,
+        path=serving_path,
         engine=engine,
-        outcome=StreamRecord.Outcome.ENGINE_ERROR,
+        outcome=Outcome.ENGINE_ERROR,
         error_code=reason,
         parse_ms=ms["parsed"],
     )
 
 
-def stream_started(*, path: str, engine: str) -> None:
-    metrics.STREAMS_ACTIVE.labels(path, engine).inc()
+def stream_started(*, serving_path: str, engine: str) -> None:
+    metrics.STREAMS_ACTIVE.labels(serving_path, engine).inc()
 
 
-def stream_observe(stream: "ChatStream") -> None:
-    """Count and time a finished stream (called once, when it ends)."""
-    t, path, engine = stream.timings, stream.path, stream.engine.name
+def stream_observe(summary: AnswerSummary) -> None:
+    """Count and time an ended answer (called once, when it ends)."""
+    t, path, engine, outcome = (
+        summary.timings,
+        summary.serving_path,
+        summary.engine,
+        summary.outcome,
+    )
     metrics.STREAMS_ACTIVE.labels(path, engine).dec()
-    metrics.STREAMS.labels(path, engine, stream.outcome).inc()
-    if stream.outcome in SERVER_FAULTS:
-        metrics.CONNECTION_ERRORS.labels(path, stream.finish_reason or stream.outcome).inc()
+    metrics.STREAMS.labels(path, engine, outcome.value).inc()
+    if outcome in SERVER_FAULTS:
+        metrics.CONNECTION_ERRORS.labels(path, summary.error_code or outcome.value).inc()
     if t.first_token_sent:
         metrics.TTFT.labels(path, engine, "server").observe(t.first_token_sent - t.received)
     if t.engine_first_delta and t.engine_submitted:
@@ -88,10 +110,10 @@ def stream_observe(stream: "ChatStream") -> None:
         inter_token.observe(gap)
     if t.tokens:
         metrics.TOKENS.labels(path, engine).inc(t.tokens)
-    metrics.STREAM_DURATION.labels(path, engine, stream.outcome).observe(t.finished - t.received)
+    metrics.STREAM_DURATION.labels(path, engine, outcome.value).observe(t.finished - t.received)
 
 
-def stream_refused(*, path: str, engine: str, reason: str) -> None:
+def stream_refused(*, serving_path: str, engine: str, reason: str) -> None:
     """A stream that could not start (503): an error to the student, so counted as one."""
-    metrics.STREAMS.labels(path, engine, "engine_error").inc()
-    metrics.CONNECTION_ERRORS.labels(path, reason).inc()
+    metrics.STREAMS.labels(serving_path, engine, Outcome.ENGINE_ERROR.value).inc()
+    metrics.CONNECTION_ERRORS.labels(serving_path, reason).inc()

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import ROOT, Event, LiveServer, free_port, wait_for
+from assistant.benchmarking.ports import free_port
+from tests.support import ROOT, Event, LiveServer, wait_for
 
 
 def metric(server: LiveServer, name: str, **labels: str) -> float:

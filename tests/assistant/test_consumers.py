@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from assistant.benchmarking import SSEEvent, SSEParser
 from assistant.engines.scripted import default_tokens
 from tests.support import ChatClient, LiveServer, wait_for
 
@@ -50,29 +51,27 @@ def test_event_sequence_is_open_meta_tokens_done(
     response = chat_client.raw({"message": "[scripted tokens=5]", "conversation": None}, path=url)
     chunks = [data for _, data in response.chunks()]
     assert chunks[0] == b": open\n\n"
-    body = b"".join(chunks).decode()
-    frames = body.split("\n\n")[:-1]
-    assert frames[0] == ": open"
-    assert frames[1].startswith("event: meta\ndata: ")
-    meta = json.loads(frames[1].split("data: ", 1)[1])
+    body = b"".join(chunks)
+    events = SSEParser().feed(body)
+    assert [e.event for e in events] == ["meta", *["token"] * 5, "done"], events
+    meta = json.loads(events[0].data)
     assert meta["path"] == path
     assert meta["engine"] == "scripted"
     assert set(meta) >= {"request_id", "conversation", "message", "user_message"}
     tokens = default_tokens(5)
-    for n, token in enumerate(tokens, start=1):
-        assert (
-            frames[1 + n]
-            == f"id: {n}\nevent: token\ndata: {json.dumps({'text': token}, separators=(',', ':'))}"
-        )
-    done = frames[7]
-    assert done.startswith("event: done\ndata: ")
-    payload = json.loads(done.split("data: ", 1)[1])
+    for n, (token, event) in enumerate(zip(tokens, events[1:6], strict=True), start=1):
+        data = json.dumps({"text": token}, separators=(",", ":"))
+        assert (event.id, event.data) == (str(n), data)
+        # Field by field as the encoder writes a token, each frame whole.
+        assert f"id: {n}\nevent: token\ndata: {data}\n\n".encode() in body
+    payload = json.loads(events[6].data)
     assert payload["finish_reason"] == "stop"
     assert payload["tokens"] == 5
     timings = payload["timings"]
     assert 0 < timings["parsed"] <= timings["engine_submitted"] <= timings["first_token_sent"]
     assert timings["first_token_sent"] <= timings["finished"]
-    assert len(frames) == 8
+    # Nothing else: the open comment, meta, the tokens, done, one frame each.
+    assert body.count(b"\n\n") == 8
 
 
 def test_each_token_is_sent_when_generated(chat_client: ChatClient, url: str) -> None:
@@ -101,10 +100,15 @@ def test_pings_keep_a_silent_stream_alive(daphne_factory, url: str) -> None:
     server: LiveServer = daphne_factory(CHATSITE_PING_INTERVAL="0.15")
     client = ChatClient(server)
     response = client.raw({"message": "[scripted tokens=2 ttft_ms=700]"}, path=url)
-    body = b"".join(data for _, data in response.chunks()).decode()
-    before_first_token = body.split("event: token")[0]
-    assert before_first_token.count(": ping\n\n") >= 3
-    assert body.rstrip().split("\n")[-2] == "event: done"
+    parser = SSEParser()
+    events: list[SSEEvent] = []
+    pings = 0
+    for _, data in response.chunks():
+        if not any(e.event == "token" for e in events):
+            pings += data.count(b": ping\n\n")  # comments, which the parser passes over
+        events += parser.feed(data)
+    assert pings >= 3
+    assert [e.event for e in events] == ["meta", "token", "token", "done"], events
     client.close()
 
 

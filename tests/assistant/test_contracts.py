@@ -1,27 +1,99 @@
-"""Other projects' private internals that chatsite relies on, checked against the installed
-releases. When an upgrade changes one of them, these fail by name, before a stream misbehaves.
+"""Contracts with other projects' internals: one test for each access in ``assistant.internals``,
+against the installed releases of Daphne, Twisted, Django and Channels. When an upgrade changes
+one of them, its test fails by name, before a stream misbehaves in production.
 
-- Twisted: ``assistant.transport.buffered_bytes`` reads a transport's private write buffers, to
-  drop a client that stopped reading.
-- Django: ``assistant.http._CsrfCheck`` overrides ``CsrfViewMiddleware._reject`` to get the
-  reason of a failed CSRF check instead of a 403 page.
+- The installed releases lie within ``internals.SUPPORTED``, the same bounds as pyproject.toml.
+- Twisted: ``buffered_bytes`` (a transport's private write buffers), ``installed_reactor``.
+- Linux: ``kernel_unsent`` (``TIOCOUTQ``).
+- Daphne, on a real ``Server``/``HTTPFactory``/``WebRequest`` over a loopback TCP connection:
+  ``daphne_socket`` (the connection behind ``send``), ``requests_arriving`` and
+  ``request_transport`` (its connection bookkeeping), ``daphne_server_class`` (its periodic
+  timeout check), ``daphne_command_line`` (its CLI's ``server_class``), ``await_at_shutdown``
+  (its shutdown order).
+- Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
+- Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
 """
 
+import asyncio
 import inspect
 import io
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+import daphne.server
+import pytest
+from channels.consumer import AsyncConsumer
+from channels.generic.http import AsyncHttpConsumer
+from daphne.http_protocol import HTTPFactory, WebRequest
 from django.core.handlers.asgi import ASGIRequest
 from django.middleware.csrf import CsrfViewMiddleware
-from twisted.internet import abstract
+from packaging.requirements import Requirement
+from twisted.internet import abstract, asyncioreactor, tcp
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactor
+from twisted.python.failure import Failure
 
-from assistant import errors
+from assistant import errors, internals
 from assistant.http import csrf_error
-from assistant.transport import buffered_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- the releases ------------------------------------------------------------------------
+
+
+def test_installed_releases_are_within_the_supported_range() -> None:
+    """Each release is installed within ``SUPPORTED``, and pyproject.toml declares those bounds."""
+    declared = {
+        Requirement(line).name.lower(): str(Requirement(line).specifier)
+        for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    for line in internals.SUPPORTED:
+        supported = Requirement(line)
+        installed = metadata.version(supported.name)
+        assert supported.specifier.contains(installed), f"{supported.name} {installed}: {line}"
+        assert declared[supported.name] == str(supported.specifier), f"pyproject.toml: {line}"
+        checked = internals.CHECKED_AGAINST[supported.name]
+        assert supported.specifier.contains(checked), f"checked against {checked}: {line}"
+    assert set(internals.CHECKED_AGAINST) == {
+        Requirement(line).name for line in internals.SUPPORTED
+    }
+
+
+def test_importing_internals_installs_no_reactor_and_reads_no_settings() -> None:
+    """chatsite/server.py and chatsite/asgi.py import it before Django is set up."""
+    probe = (
+        "import sys; from assistant import internals; "
+        "assert internals.installed_reactor() is None, 'a reactor was installed'; "
+        "from django.conf import settings; assert not settings.configured, 'settings read'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+    assert done.returncode == 0, done.stderr
+
+
+# --- Twisted: write buffers ----------------------------------------------------------------
 
 
 class _Reactor:
-    """Enough of a reactor for a FileDescriptor that is never really polled."""
+    """Enough of a reactor for descriptors that are never really polled."""
+
+    def addReader(self, _: object) -> None: ...
+
+    def removeReader(self, _: object) -> None: ...
 
     def addWriter(self, _: object) -> None: ...
 
@@ -41,17 +113,221 @@ def test_buffered_bytes_follows_twisteds_write_buffers() -> None:
     transport = _OneBytePerWrite(reactor=_Reactor())
     transport.connected = True
 
-    assert buffered_bytes(transport) == 0
+    assert internals.buffered_bytes(transport) == 0
     transport.write(b"abc")
     transport.write(b"de")
-    assert buffered_bytes(transport) == 5
+    assert internals.buffered_bytes(transport) == 5
     transport.doWrite()  # joins the queued pieces and writes one byte
-    assert buffered_bytes(transport) == 4
+    assert internals.buffered_bytes(transport) == 4
     transport.write(b"fgh")
-    assert buffered_bytes(transport) == 7
+    assert internals.buffered_bytes(transport) == 7
     for _ in range(7):
         transport.doWrite()
-    assert buffered_bytes(transport) == 0
+    assert internals.buffered_bytes(transport) == 0
+
+
+# --- Linux: the kernel's send queue --------------------------------------------------------
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected loopback TCP pair: (the server's end, the client's end)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+    try:
+        yield accepted, client
+    finally:
+        accepted.close()
+        client.close()
+
+
+def test_kernel_unsent_counts_what_the_peer_has_not_taken(tcp_pair: Any) -> None:
+    """Nothing queued on a fresh socket; bytes queued once the peer stops reading and the send
+    buffer fills; None once the socket is closed."""
+    sender, _reader = tcp_pair
+    assert internals.kernel_unsent(sender.fileno()) == 0
+
+    sender.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        for _ in range(100_000):  # the reader never reads: the buffers fill
+            sender.send(b"x" * 65536)
+    assert (internals.kernel_unsent(sender.fileno()) or 0) > 0
+
+    fd = os.dup(sender.fileno())
+    os.close(fd)
+    assert internals.kernel_unsent(fd) is None
+
+
+# --- Daphne: a real server, factory and request over loopback TCP ------------------------
+
+
+@dataclass
+class _Daphne:
+    """Daphne's object graph for one connection, driven by hand (its reactor never runs)."""
+
+    server: daphne.server.Server
+    transport: tcp.Server
+    sends: list[Any] = field(default_factory=list)
+    ran: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def receive(self, data: bytes) -> None:
+        self.transport.protocol.dataReceived(data)
+
+
+@pytest.fixture
+def daphne_connection(tcp_pair: Any) -> Iterator[_Daphne]:
+    accepted, _client = tcp_pair
+    graph: _Daphne
+
+    def application(scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        graph.sends.append(send)
+        graph.ran.set()
+        return asyncio.sleep(0)
+
+    server = daphne.server.Server(application=application, endpoints=["tcp:port=0"])
+    server.connections = {}  # as Server.run starts it (run would start the reactor)
+    factory = HTTPFactory(server)
+    factory.reactor = Clock()  # the channel's own timeouts, never due
+    channel = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    transport = tcp.Server(accepted, channel, ("127.0.0.1", 50000), None, 1, _Reactor())
+    channel.makeConnection(transport)
+    graph = _Daphne(server, transport)
+    yield graph
+    transport.connectionLost(Failure(ConnectionDone()))
+
+
+HEAD = b"POST /api/chat/stream HTTP/1.1\r\nHost: testserver\r\nContent-Length: 2\r\n\r\n"
+
+
+async def test_daphne_socket_finds_the_connection_behind_send(daphne_connection: _Daphne) -> None:
+    """The ``send`` Daphne hands the application leads to the request's TCP transport and its
+    socket."""
+    daphne_connection.receive(HEAD + b"{}")
+    await daphne_connection.ran.wait()
+    [send] = daphne_connection.sends
+
+    transport, fd = internals.daphne_socket(send) or (None, None)
+    assert transport is daphne_connection.transport
+    assert fd == daphne_connection.transport.socket.fileno()
+    assert internals.daphne_socket(lambda message: None) is None
+
+
+async def test_requests_arriving_follows_daphnes_connection_bookkeeping(
+    daphne_connection: _Daphne,
+) -> None:
+    """A request is arriving from its first line until its body is in, dated when it began."""
+    server = daphne_connection.server
+    assert "self.connections = {}" in inspect.getsource(daphne.server.Server.run)
+    assert internals.requests_arriving(server) == []
+
+    first_line = HEAD.index(b"\r\n") + 2
+    daphne_connection.receive(HEAD[:first_line])
+    [(request, began)] = internals.requests_arriving(server)
+    assert isinstance(request, WebRequest)
+    assert began == server.connections[request]["connected"]
+    daphne_connection.receive(HEAD[first_line:] + b"{")
+    assert internals.requests_arriving(server) == [(request, began)]
+
+    daphne_connection.receive(b"}")
+    assert internals.requests_arriving(server) == []
+    await daphne_connection.ran.wait()
+
+
+def test_requests_arriving_leaves_out_a_request_whose_client_left(
+    daphne_connection: _Daphne,
+) -> None:
+    daphne_connection.receive(HEAD)
+    [(request, _began)] = internals.requests_arriving(daphne_connection.server)
+
+    request.connectionLost(Failure(ConnectionDone()))
+    assert internals.requests_arriving(daphne_connection.server) == []
+
+
+def test_request_transport_is_the_connection_of_a_request_being_received(
+    daphne_connection: _Daphne,
+) -> None:
+    daphne_connection.receive(HEAD)
+    [(request, _began)] = internals.requests_arriving(daphne_connection.server)
+
+    assert internals.request_transport(request) is daphne_connection.transport
+
+
+def test_daphne_server_class_checks_at_every_round_of_daphnes_timeout_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Server.run`` starts the timeout checks, and each round reschedules the subclass's."""
+    clock = Clock()
+    monkeypatch.setattr(daphne.server, "reactor", clock)
+    rounds: list[object] = []
+    server_class = internals.daphne_server_class(rounds.append)
+    server = server_class(application=None, endpoints=["tcp:port=0"])
+    server.connections = {}  # as Server.run starts it (run would start the reactor)
+
+    assert "self.timeout_checker" in inspect.getsource(daphne.server.Server.run)
+    server.timeout_checker()
+    assert rounds == [server]
+    [again] = clock.getDelayedCalls()
+    assert again.func == server.timeout_checker
+    clock.advance(again.getTime())
+    assert rounds == [server, server]
+
+
+async def _application(scope: Any, receive: Any, send: Any) -> None:
+    """What the command line test serves (it is never called)."""
+
+
+def test_daphne_command_line_serves_with_the_given_server_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Daphne's CLI builds its server from ``server_class``, with the parsed arguments."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts "." in front
+    built: list[dict[str, Any]] = []
+
+    class Recorder:
+        abort_start = False
+
+        def __init__(self, **kwargs: Any) -> None:
+            built.append(kwargs)
+
+        def run(self) -> None: ...
+
+    command_line = internals.daphne_command_line(Recorder)  # type: ignore[arg-type]
+    command_line().run(["-v", "0", "-p", "0", f"{__name__}:_application"])
+
+    [kwargs] = built
+    assert kwargs["application"] is _application
+    assert kwargs["endpoints"] == ["tcp:port=0:interface=127.0.0.1"]
+
+
+# --- Twisted and Daphne: shutting down -----------------------------------------------------
+
+
+def test_installed_reactor_is_the_asyncio_reactor_daphne_installs() -> None:
+    from twisted.internet import reactor
+
+    assert internals.installed_reactor() is reactor
+    assert isinstance(reactor, asyncioreactor.AsyncioSelectorReactor)
+
+
+async def test_await_at_shutdown_waits_for_cleanup_after_daphne_cancels_requests() -> None:
+    """Daphne cancels its applications before shutdown; the cleanup is awaited during it."""
+    run = inspect.getsource(daphne.server.Server.run)
+    assert 'addSystemEventTrigger("before", "shutdown", self.kill_all_applications)' in run
+
+    reactor = MemoryReactor()
+    cleaned: list[str] = []
+
+    async def cleanup() -> None:
+        cleaned.append("done")
+
+    assert internals.await_at_shutdown(cleanup, reactor) is True
+    [(trigger, _args, _kwargs)] = reactor.triggers["during"]["shutdown"]
+    await trigger().asFuture(asyncio.get_running_loop())
+    assert cleaned == ["done"]
+
+
+# --- Django: CSRF ----------------------------------------------------------------------------
 
 
 def test_csrf_reject_hook_still_exists_with_its_signature() -> None:
@@ -78,3 +354,19 @@ def test_csrf_check_gives_the_reason_for_a_missing_token(settings: Any) -> None:
 
     assert refused is not None and refused.code == errors.CSRF_FAILED.code
     assert "CSRF cookie not set" in refused.message
+
+
+# --- Channels: dispatch ----------------------------------------------------------------------
+
+
+def test_consumer_handler_is_the_method_channels_dispatch_would_call() -> None:
+    """Channels maps a message type to a method, and its stock dispatch makes the database hop
+    before the handler (what an override using ``consumer_handler`` skips)."""
+    consumer = AsyncHttpConsumer()
+
+    assert internals.consumer_handler(consumer, {"type": "http.request"}) == consumer.http_request
+    assert internals.consumer_handler(consumer, {"type": "http.unknown"}) is None
+    assert "self.dispatch" in inspect.getsource(AsyncConsumer.__call__)
+    dispatch = inspect.getsource(AsyncConsumer.dispatch)
+    assert "get_handler_name(message)" in dispatch
+    assert "aclose_old_connections()" in dispatch

@@ -11,6 +11,7 @@ import re
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from hypothesis import (
 )
 from hypothesis import strategies as st
 
+from assistant.benchmarking import SSEEvent, SSEParser
 from assistant.engines.scripted import default_tokens
 from assistant.models import Message, StreamRecord
 from tests.support import ChatClient, LiveServer, RawResponse, raw_post, wait_for
@@ -102,36 +104,30 @@ def visit(server: LiveServer) -> Visitor:
 # --- what a well-behaved answer looks like ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Frame:
-    event: str | None
-    id: str | None
-    data: str
-
-
-def strict_frames(body: bytes) -> list[Frame]:
-    """The events of a complete event-stream body, checked line by line as the encoder writes
-    them: UTF-8, LF line ends only, every frame closed by a blank line, only ``id``, ``event``
-    and ``data`` fields, one ``data`` line per event, comments ignored."""
+def strict_events(body: bytes) -> list[SSEEvent]:
+    """The events of a complete event-stream body (``SSEParser``), once each frame is checked
+    line by line as the encoder writes it: UTF-8, LF line ends only, every frame closed by a
+    blank line, only ``id``, ``event`` and ``data`` fields, each at most once and exactly one
+    ``data`` line per event, comments ignored."""
     text = body.decode("utf-8")  # strict: a frame that is not UTF-8 fails here
     assert "\r" not in text, f"a bare CR would end a line early: {text!r}"
     assert text.endswith("\n\n"), f"the last frame is not closed: {text[-200:]!r}"
-    frames = []
+    frames = 0
     for raw in text[:-2].split("\n\n"):
         lines = raw.split("\n")
         if all(line.startswith(":") for line in lines):
             continue
-        fields: dict[str, list[str]] = {}
+        names: Counter[str] = Counter()
         for line in lines:
-            name, sep, value = line.partition(": ")
+            name, sep, _ = line.partition(": ")
             assert sep and name in {"id", "event", "data"}, f"stray line {line!r} in {raw!r}"
-            fields.setdefault(name, []).append(value)
-        assert len(fields.get("data", [])) == 1, f"not one data line: {raw!r}"
-        assert all(len(values) == 1 for values in fields.values()), raw
-        frames.append(
-            Frame(fields.get("event", [None])[0], fields.get("id", [None])[0], fields["data"][0])
-        )
-    return frames
+            names[name] += 1
+        assert names["data"] == 1, f"not one data line: {raw!r}"
+        assert max(names.values()) == 1, raw
+        frames += 1
+    events = SSEParser().feed(body)
+    assert len(events) == frames, (len(events), frames)
+    return events
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,7 @@ def stream_answer(body: bytes, *, after: int = 0) -> Answer:
     """Check a stream's events: ``meta`` first, tokens numbered from ``after`` + 1 (a resumed
     stream starts after the last token its page had) whose data is one line of JSON
     ``{"text": str}``, exactly one ``done`` or ``error``, last."""
-    frames = strict_frames(body)
+    frames = strict_events(body)
     assert frames and frames[0].event == "meta", frames[:1]
     meta = json.loads(frames[0].data)
     assert isinstance(meta, dict) and meta.get("request_id"), meta
@@ -169,7 +165,7 @@ def stream_answer(body: bytes, *, after: int = 0) -> Answer:
         assert end_data["tokens"] == after + len(tokens) or (after and not tokens), end_data
     else:
         assert isinstance(end_data["code"], str) and isinstance(end_data["message"], str)
-    return Answer(meta, tokens, end.event or "", end_data)
+    return Answer(meta, tokens, end.event, end_data)
 
 
 def is_twisted_multipart_refusal(response: RawResponse, body: bytes) -> bool:

@@ -4,7 +4,8 @@ import httpx
 import pytest
 from django.contrib.sessions.models import Session
 
-from tests.support import LiveServer, free_port
+from assistant.benchmarking.ports import free_port
+from tests.support import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -85,7 +85,7 @@ def test_a_record_whose_id_is_taken_is_stored_under_a_new_one(caplog) -> None:
         stored = refused_record(
             request_id=request_id,
             owner_key="session:test",
-            path="direct",
+            serving_path="direct",
             engine="scripted",
             reason="engine_failed",
             timings=StreamTimings(received=0.0),

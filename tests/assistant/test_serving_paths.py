@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from assistant.benchmarking import SSEParser
 from assistant.models import BreakerEvent, Message, StreamRecord
-from assistant.services.serving import bucket_of
+from assistant.services.serving_state import bucket_of
 from tests.support import ChatClient, LiveServer, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def normalised(body: bytes) -> bytes:
     """The stream with what must differ between two requests replaced: ids, path, timings."""
-    meta = json.loads(body.split(b"event: meta\ndata: ", 1)[1].split(b"\n", 1)[0])
+    first = SSEParser().feed(body)[0]
+    assert first.event == "meta", first
+    meta = json.loads(first.data)
     for key in ("request_id", "conversation", "message", "user_message", "path"):
         body = body.replace(meta[key].encode(), f"<{key}>".encode())
     return re.sub(rb'"timings":\{[^}]*\}', b'"timings":{}', body)
@@ -33,9 +36,10 @@ def test_both_paths_send_the_same_bytes_and_store_the_same_rows(chat_client: Cha
         assert response.status == 200
         assert response.header("content-type") == "text/event-stream; charset=utf-8"
         bodies[path] = response.body()
-        metas[path] = json.loads(bodies[path].split(b"data: ", 1)[1].split(b"\n", 1)[0])
+        events = SSEParser().feed(bodies[path])
+        assert [events[0].event, events[-1].event] == ["meta", "done"], events
+        metas[path] = json.loads(events[0].data)
         assert metas[path]["path"] == path
-    assert b"event: done" in bodies["direct"]
     assert normalised(bodies["direct"]) == normalised(bodies["django"])
 
     def stored(path: str) -> tuple:

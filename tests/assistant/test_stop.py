@@ -8,6 +8,7 @@ bounds: before this, the next student waited through the whole grace (9.5 s meas
 
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import httpx
 import pytest
@@ -64,17 +65,9 @@ def test_stop_after_the_connection_dropped_ends_the_grace(grace_server: LiveServ
     stop request still finds it and the engine is cancelled at once, not after 30 s."""
     client = ChatClient(grace_server)
     tag = "stop-after-drop"
-    request_id = ""
-    with client.client.stream(
-        "POST",
-        "/api/chat/stream",
-        json={"message": LONG.format(tag=tag), "conversation": None},
-        headers={"X-CSRFToken": client.csrf_token},
-    ) as streaming:
-        for line in streaming.iter_lines():
-            if line.startswith("data:") and "request_id" in line:
-                request_id = line.split('"request_id":"', 1)[1].split('"', 1)[0]
-                break
+    # Read the meta event, then close the connection, as a page that aborts does.
+    with closing(client.stream(LONG.format(tag=tag))) as events:
+        request_id = next(events).json()["request_id"]
     grace_server.wait_engine_event(tag, "start")
     time.sleep(0.3)  # still generating into the resume buffer
     assert not [e for e in grace_server.engine_events(tag) if e["event"] == "cancel"]
@@ -154,16 +147,11 @@ def abandon_a_long_answer(server: LiveServer, *, press_stop: bool) -> None:
     client = ChatClient(server)
     tokens = 0
     request_id = ""
-    with client.client.stream(
-        "POST",
-        "/api/chat/stream",
-        json={"message": "Write a very long story about a dragon.", "conversation": None},
-        headers={"X-CSRFToken": client.csrf_token},
-    ) as streaming:
-        for line in streaming.iter_lines():
-            if '"request_id":"' in line:
-                request_id = line.split('"request_id":"', 1)[1].split('"', 1)[0]
-            tokens += line.startswith("event: token")
+    with closing(client.stream("Write a very long story about a dragon.")) as events:
+        for event in events:
+            if event.event == "meta":
+                request_id = event.json()["request_id"]
+            tokens += event.event == "token"
             if tokens == 3:
                 if press_stop:
                     assert stop(client, request_id).status_code == 204

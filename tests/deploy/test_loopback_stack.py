@@ -1,4 +1,4 @@
-"""deploy/loopback_stack.py: docs/deploy.md performed on loopback, checked, then torn down.
+"""deploy/loopback_stack: docs/deploy.md performed on loopback, checked, then torn down.
 
 Needs what the production profile's tests need (scripts/test): PostgreSQL on 127.0.0.1:5432 with
 trust authentication for ``postgres``, and Redis on 127.0.0.1:6379; also nginx and curl. The
@@ -27,7 +27,8 @@ from deploy.loopback_stack import (
 from tests.support import SSEReader
 
 GUIDE = ROOT / "docs" / "deploy.md"
-SCRIPT = ROOT / "deploy" / "loopback_stack.py"
+# The command line, as deploy/README.md and docs/deploy.md give it (run from the checkout).
+COMMAND = [sys.executable, "-m", "deploy.loopback_stack"]
 
 
 def unindented(text: str) -> str:
@@ -115,7 +116,8 @@ def test_up_check_down(tmp_path: Path) -> None:
 
     def run(action: str) -> str:
         result = subprocess.run(
-            [sys.executable, str(SCRIPT), action, "--dir", str(folder)],
+            [*COMMAND, action, "--dir", str(folder)],
+            cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=110,
@@ -140,7 +142,8 @@ def test_up_check_down(tmp_path: Path) -> None:
     assert not [name for name, p in state["processes"].items() if running(p["pid"], p["started"])]
     assert not folder.exists()
     again = subprocess.run(
-        [sys.executable, str(SCRIPT), "down", "--dir", str(folder)],
+        [*COMMAND, "down", "--dir", str(folder)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,

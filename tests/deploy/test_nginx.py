@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from assistant.benchmarking.ports import free_port
 from deploy.loopback_stack import NGINX_DIR, STATIC_DIR, Edit, nginx_args, render
 from tests.support import (
     ChatClient,
@@ -29,7 +30,6 @@ from tests.support import (
     NginxServer,
     RawResponse,
     ThreadedCountingProxy,
-    free_port,
     raw_post,
     wait_for,
 )

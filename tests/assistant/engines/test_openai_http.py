@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from assistant.benchmarking.ports import free_port
 from assistant.engines import Delta, EngineError, EngineUnavailable, GenerationParams
 from assistant.engines.openai_http import OpenAIHTTPEngine
 from tests.assistant.engines.helpers import (
@@ -26,7 +27,7 @@ from tests.assistant.engines.helpers import (
     close_early_then_ask,
     collect,
 )
-from tests.support import CountingProxy, ModelServer, free_port
+from tests.support import CountingProxy, ModelServer
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,8 @@ from django.test import override_settings
 
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent, ServingState
-from assistant.services.serving import (
-    BUCKETS,
-    Split,
-    bucket_of,
-    split_change,
-    split_load,
-)
+from assistant.services.serving import split_change, split_load
+from assistant.services.serving_state import BUCKETS, Split, bucket_of
 
 
 def make_split(percent: float, *, mode: str = "auto", breaker: str = "closed") -> Split:

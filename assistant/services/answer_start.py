@@ -1,8 +1,8 @@
-"""Starting a chat stream on a serving path: shared by the Channels consumer and the Django view.
+"""Starting an answer on a serving path: shared by the Channels consumer and the Django view.
 
 Both paths hand over the raw body, the session cookie and the client's address and get back a
-running ``ChatStream`` or a ``Rejected`` carrying the exact error to answer with, so they can
-differ only in transport.
+started ``Answer`` (``services/answer.py``) or a ``Rejected`` carrying the exact error to answer
+with, so they can differ only in transport.
 
 The order of work is the product: a new conversation needs nothing from the database before the
 model can start, so (with a seat free on the engine) the engine is started first and the session
@@ -27,26 +27,27 @@ from assistant.engines import (
     Delta,
     EngineBusy,
     EngineUnavailable,
+    engine_stop,
     get_engine,
 )
 from assistant.errors import Rejected
 from assistant.services import background
 from assistant.services.admission import chat_admit, chat_release, chat_slot_wait
+from assistant.services.answer import Answer
+from assistant.services.answer_registry import answer_running
 from assistant.services.chat_request import ChatTurn, chat_turn_parse
 from assistant.services.conversations import (
     ConversationNotFound,
     Exchange,
     conversation_history,
 )
+from assistant.services.engine_stream import EngineStream
 from assistant.services.identity import Identity, identity_required, identity_resolve
 from assistant.services.persistence import Rows, rows_store
-from assistant.services.resume import request_id_running
 from assistant.services.seats import Seat, Seating, seating_for
-from assistant.services.serving import engine_alias_for
-from assistant.services.streaming import ChatStream, engine_stop
+from assistant.services.serving_state import engine_alias_for
 from assistant.services.telemetry import refused_record, stream_refused, stream_started
 from assistant.services.timings import StreamTimings, now
-from assistant.transport import ClientConnection
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,16 @@ UNAVAILABLE_RETRY_AFTER_S = 10
 DATABASE_RETRY_AFTER_S = 5
 
 
-async def chat_stream_start(
+async def answer_start(
     *,
     body: bytes,
     session_key: str | None,
     client: str,
     request_id: str,
-    path: str,
+    serving_path: str,
     timings: StreamTimings,
-    connection: ClientConnection | None,
-) -> ChatStream:
-    """Validate ``body``, start ``path``'s engine on it and resolve who is asking.
+) -> Answer:
+    """Validate ``body``, start ``serving_path``'s engine on it and resolve who is asking.
 
     A request without a session cookie is refused at once (403 ``session_required``): the
     page issues sessions, a limited number per address (``identity.session_issue``).
@@ -74,7 +74,7 @@ async def chat_stream_start(
     Raises ``Rejected`` for a request the client can fix (4xx) and for an engine that cannot
     take it now (503, counted and recorded like any failed stream).
     """
-    alias = engine_alias_for(path)
+    alias = engine_alias_for(serving_path)
     engine_name = alias
     try:
         if session_key is None:
@@ -82,33 +82,32 @@ async def chat_stream_start(
         # An id a client sent (the page makes one per question) names one answer: its resume,
         # its Stop. One already running here is refused; one a stored stream had is replaced
         # when this stream's record is stored (services/persistence.py).
-        if request_id_running(request_id):
+        if answer_running(request_id):
             raise Rejected(errors.REQUEST_ID_USED)
         turn = chat_turn_parse(body)
         engine = get_engine(alias)
         engine_name = engine.name
         engine.check()
-        return await chat_stream_open(
+        return await _answer_open(
             turn=turn,
             session_key=session_key,
             client=client,
             engine=engine,
-            path=path,
+            serving_path=serving_path,
             request_id=request_id,
             timings=timings,
-            connection=connection,
         )
     except (OperationalError, InterfaceError) as exc:
         logger.error("Database unavailable before %s started: %s", request_id, exc)
         raise Rejected(errors.DATABASE_UNAVAILABLE, retry_after=DATABASE_RETRY_AFTER_S) from None
     except EngineUnavailable as exc:
         logger.warning("Engine %r unavailable for %s: %s", alias, request_id, exc)
-        stream_refused(path=path, engine=engine_name, reason=exc.code)
+        stream_refused(serving_path=serving_path, engine=engine_name, reason=exc.code)
         background.spawn(
             _refused_persist(
                 session_key=session_key,
                 request_id=request_id,
-                path=path,
+                serving_path=serving_path,
                 engine=engine_name,
                 reason=exc.code,
                 timings=timings,
@@ -124,7 +123,7 @@ async def _refused_persist(
     *,
     session_key: str | None,
     request_id: str,
-    path: str,
+    serving_path: str,
     engine: str,
     reason: str,
     timings: StreamTimings,
@@ -134,7 +133,7 @@ async def _refused_persist(
     record = refused_record(
         request_id=request_id,
         owner_key=identity.owner_key,
-        path=path,
+        serving_path=serving_path,
         engine=engine,
         reason=reason,
         timings=timings,
@@ -199,18 +198,17 @@ def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
     background.spawn(release(), name=f"release:{request_id}")
 
 
-async def chat_stream_open(
+async def _answer_open(
     *,
     turn: ChatTurn,
     session_key: str | None,
     client: str,
     engine: BaseEngine,
-    path: str,
+    serving_path: str,
     request_id: str,
     timings: StreamTimings,
-    connection: ClientConnection | None = None,
-) -> ChatStream:
-    """Start the engine on ``turn`` and resolve who is asking. Close the result when done.
+) -> Answer:
+    """Start the engine on ``turn`` and resolve who is asking. Run the result to its end.
 
     Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the request has no session,
     the student's or the address's limits refuse another stream, or the conversation is not
@@ -263,7 +261,7 @@ async def chat_stream_open(
         if seat is not None:
             seat.leave()
         raise
-    stream_started(path=path, engine=engine.name)
+    stream_started(serving_path=serving_path, engine=engine.name)
     exchange = Exchange(
         conversation_id=turn.conversation_id or uuid.uuid4(),
         user_message_id=uuid.uuid4(),
@@ -271,15 +269,13 @@ async def chat_stream_open(
         is_new_conversation=turn.conversation_id is None,
         request_id=request_id,
     )
-    return ChatStream(
+    return Answer(
         exchange=exchange,
         identity=identity,
         question=turn.message,
-        path=path,
+        serving_path=serving_path,
         engine=engine,
-        deltas=deltas,
+        source=EngineStream(deltas, pending),
         timings=timings,
         seat=seat,
-        pending=pending,
-        connection=connection,
     )

@@ -1,0 +1,232 @@
+"""Other projects' internals that chatsite relies on, all in one place.
+
+Every access here goes past the documented API of Daphne, Twisted, Django or Channels: private
+attributes, undocumented methods overridden, object graphs that happen to hold. Each function or
+class names what it relies on, and ``tests/assistant/test_contracts.py`` checks each one against
+the installed release, failing by name when an upgrade changes it. The rest of the code calls
+these and keeps its own logic.
+
+Checked against Django 6.1.3, Daphne 4.2.3, Twisted 26.10.0 and Channels 4.3.2
+(``CHECKED_AGAINST``). ``SUPPORTED`` repeats the bounds in pyproject.toml; raise one only once the
+contract tests pass on the new release.
+
+Importing this module imports no model, reads no setting and installs no Twisted reactor:
+``chatsite/asgi.py`` and ``chatsite/server.py`` import it before Django is set up. Daphne and
+Twisted are imported inside the functions that need them (importing ``daphne.server`` installs
+Twisted's asyncio reactor).
+"""
+
+import asyncio
+import fcntl
+import struct
+import sys
+import termios
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from channels.consumer import get_handler_name
+from django.middleware.csrf import CsrfViewMiddleware
+
+if TYPE_CHECKING:
+    from daphne.cli import CommandLineInterface
+    from daphne.http_protocol import WebRequest
+    from daphne.server import Server
+
+#: The releases every access below was checked against.
+CHECKED_AGAINST: dict[str, str] = {
+    "django": "6.1.3",
+    "daphne": "4.2.3",
+    "twisted": "26.10.0",
+    "channels": "4.3.2",
+}
+
+#: The releases the accesses are held to: the same bounds as pyproject.toml's dependencies.
+SUPPORTED: tuple[str, ...] = (
+    "django>=6.1,<6.2",
+    "channels>=4.3,<4.4",
+    "daphne>=4.2,<4.3",
+    "twisted>=24.10,<27",
+)
+
+
+# --- Twisted: a connection's write buffers -------------------------------------------------
+
+
+def buffered_bytes(transport: Any) -> int:
+    """Bytes a Twisted ``FileDescriptor`` transport holds in memory, not yet handed to the kernel.
+
+    Relies on ``twisted.internet.abstract.FileDescriptor``'s private write buffers: the joined
+    ``dataBuffer`` from ``offset`` on, plus the pieces queued since in ``_tempDataBuffer``
+    (``_tempDataLen`` bytes).
+    """
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+# --- Daphne: the connection behind the application's ``send`` ----------------------------
+
+
+def daphne_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
+    """The Twisted transport and socket file descriptor of the TCP connection behind Daphne's
+    ASGI ``send``; None under another server, or when the transport is not a plain socket whose
+    buffers ``buffered_bytes`` can read (TLS, a test double).
+
+    Relies on Daphne's ``Server.create_application`` handing the application
+    ``send=functools.partial(self.handle_reply, protocol)``, the protocol of an HTTP request being
+    its ``WebRequest`` (a ``twisted.web.http.Request``: ``.channel.transport``), on Twisted's TCP
+    transports being ``FileDescriptor``s (``_tempDataLen``, see ``buffered_bytes``), and on
+    ``getHandle()`` returning their socket.
+    """
+    for arg in getattr(send, "args", ()):
+        transport = getattr(getattr(arg, "channel", None), "transport", None)
+        if transport is None or not hasattr(transport, "_tempDataLen"):
+            continue
+        try:
+            return transport, transport.getHandle().fileno()
+        except Exception:  # not a plain TCP transport: no socket to ask the kernel about
+            return None
+    return None
+
+
+# --- Linux: a socket's send queue --------------------------------------------------------
+
+
+def kernel_unsent(fd: int) -> int | None:
+    """Bytes in the kernel's send queue of socket ``fd`` that its peer has not acknowledged yet;
+    None when the socket is closed.
+
+    Relies on Linux's ``TIOCOUTQ`` (``SIOCOUTQ``) ioctl on a TCP socket.
+    """
+    try:
+        packed = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int(struct.unpack("i", packed)[0])
+
+
+# --- Django: the reason of a failed CSRF check -------------------------------------------
+
+
+class CsrfCheck(CsrfViewMiddleware):
+    """Django's own CSRF check, whose ``process_request``/``process_view`` answer with the reason
+    of a refusal (a ``str``) instead of a 403 page, and None when the request passes.
+
+    Relies on ``CsrfViewMiddleware`` routing every refusal through its private
+    ``_reject(request, reason)`` and returning what that returns.
+    """
+
+    def _reject(self, request: Any, reason: str) -> str:  # type: ignore[override]
+        return reason
+
+
+# --- Channels: dispatching a message to its handler --------------------------------------
+
+
+def consumer_handler(consumer: Any, message: Mapping[str, Any]) -> Callable[..., Any] | None:
+    """The method of ``consumer`` that Channels' ``AsyncConsumer.dispatch`` calls for ``message``
+    (``http.request`` → ``http_request``), or None: for a ``dispatch`` that skips the
+    ``aclose_old_connections()`` hop the stock one makes before every handler.
+
+    Relies on ``channels.consumer.get_handler_name``, and on ``AsyncConsumer.__call__`` passing
+    every message through ``self.dispatch``.
+    """
+    return getattr(consumer, get_handler_name(message), None)
+
+
+# --- Daphne: requests still arriving -----------------------------------------------------
+
+
+def requests_arriving(server: "Server") -> list[tuple["WebRequest", float]]:
+    """The HTTP requests on ``server`` still being received (headers or body not all in), each
+    with when it began (``time.time()``), for a server still connected to their clients.
+
+    Relies on Daphne's ``Server.connections``: ``{protocol: {"connected": t, "disconnected": t,
+    ...}}``, a ``WebRequest`` adding itself from its ``__init__`` (Twisted builds it at the
+    request's first line) and ``"disconnected"`` set once its client is gone; and on
+    ``WebRequest.request_start``, set by ``process()`` once the whole request has arrived.
+    """
+    from daphne.http_protocol import WebRequest
+
+    return [
+        (request, details["connected"])
+        for request, details in list(server.connections.items())
+        if isinstance(request, WebRequest)
+        and not hasattr(request, "request_start")
+        and "disconnected" not in details
+    ]
+
+
+def request_transport(request: "WebRequest") -> Any:
+    """The Twisted transport of a Daphne request's connection, for writing to it directly.
+
+    Relies on ``WebRequest`` being a ``twisted.web.http.Request`` whose ``channel`` (its
+    ``HTTPChannel``) is set while the request is being received.
+    """
+    return request.channel.transport
+
+
+# --- Daphne: the server and its command line ---------------------------------------------
+
+
+def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server"]:
+    """Daphne's ``Server``, calling ``every_round(server)`` at each round of its own periodic
+    timeout checks (every 2 s, in the reactor's thread), before Daphne's checks.
+
+    Relies on ``Server.timeout_checker``: ``Server.run`` schedules it 2 s after starting, and it
+    reschedules itself with ``reactor.callLater(2, self.timeout_checker)``, so an override runs
+    at every round. Imports ``daphne.server``, which installs Twisted's asyncio reactor.
+    """
+    from daphne.server import Server
+
+    class CheckingServer(Server):
+        def timeout_checker(self) -> None:
+            every_round(self)
+            super().timeout_checker()
+
+    return CheckingServer
+
+
+def daphne_command_line(server_class: type["Server"]) -> type["CommandLineInterface"]:
+    """Daphne's command line (its own arguments), serving with ``server_class``.
+
+    Relies on ``CommandLineInterface.server_class``: the class ``run()`` instantiates with the
+    parsed arguments (then calls its ``run()``).
+    """
+    from daphne.cli import CommandLineInterface
+
+    return type("ChatsiteCommandLine", (CommandLineInterface,), {"server_class": server_class})
+
+
+# --- Twisted and Daphne: shutting down ---------------------------------------------------
+
+
+def installed_reactor() -> Any | None:
+    """The Twisted reactor if one is installed, else None; installs none.
+
+    Relies on Twisted's ``installReactor`` placing the reactor in
+    ``sys.modules["twisted.internet.reactor"]`` (importing that module would install the
+    default reactor instead of telling whether one is there).
+    """
+    return sys.modules.get("twisted.internet.reactor")
+
+
+def await_at_shutdown(cleanup: Callable[[], Awaitable[object]], reactor: Any | None = None) -> bool:
+    """Have ``reactor`` (the installed one by default) wait for ``cleanup()`` while it shuts
+    down, after Daphne has cancelled the open applications. False when there is no reactor:
+    nothing was registered.
+
+    Relies on Daphne's ``Server.run`` adding ``kill_all_applications`` as a ``"before"``
+    ``"shutdown"`` trigger (so this ``"during"`` one runs once those are cancelled), and on the
+    reactor being the asyncio one ``daphne.server`` installs, whose loop runs ``cleanup()``
+    (``Deferred.fromFuture``).
+    """
+    reactor = reactor if reactor is not None else installed_reactor()
+    if reactor is None:
+        return False
+
+    def trigger() -> object:
+        from twisted.internet import defer
+
+        return defer.Deferred.fromFuture(asyncio.ensure_future(cleanup()))
+
+    reactor.addSystemEventTrigger("during", "shutdown", trigger)
+    return True

@@ -1,0 +1,420 @@
+"""One answer, from a started engine to its stored record: the runner both serving paths share.
+
+An ``Answer`` (made by ``services/answer_start.py``) owns everything about one answer: the
+engine's stream, the frames, the buffer a resume reads (``AnswerBuffer``), the pings, the check
+for a client that stopped reading, the outcome, the student's stream slot and seat, what is
+stored and what is measured. Transports use four calls and never write its state:
+
+* ``run(live=send)``: generate the answer to its end in the caller's task, each frame sent to
+  ``live`` the moment it exists (no task switch or queue between the engine and the socket).
+  The ``direct`` path does this: its consumer owns its task.
+* ``listen(last_id)``: the answer's frames from its buffer, as an async iterator: a resume, and
+  the ``django`` path's response (Django cancels a response's iteration on a disconnect, so there
+  the answer runs in a task of its own: ``run_apart()``).
+* ``detach()``: the live listener's client is gone; the answer goes on for the resume grace.
+* ``stop()``: end it now (the student pressed Stop); ``preempt()`` only if nobody listens.
+
+Every early end (a seat given up, a client that stopped reading, Stop) is one request that the
+frame loop acts on at its next step, cutting short the wait for the engine: nothing is
+cancelled from outside, so what was said is always stored.
+"""
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from assistant import errors
+from assistant.engines import BaseEngine, Delta, EngineError, EngineTimeout
+from assistant.models import StreamRecord
+from assistant.services import background
+from assistant.services.admission import chat_slot_release
+from assistant.services.answer_buffer import AnswerBuffer
+from assistant.services.answer_ends import SLOW_CLIENT, STOPPED, EarlyEnd, Ended, given_up
+from assistant.services.answer_registry import (
+    answer_ended,
+    answer_forget,
+    answer_register,
+)
+from assistant.services.conversations import Exchange, answer_rows, answer_store, question_rows
+from assistant.services.engine_stream import EngineStream
+from assistant.services.frames import (
+    OPEN,
+    Heartbeat,
+    done_frame,
+    error_frame,
+    meta_frame,
+    ping_interval,
+    queue_frame,
+    server_error_frame,
+    token_frame,
+)
+from assistant.services.identity import Identity
+from assistant.services.persistence import rows_store
+from assistant.services.seats import Seat
+from assistant.services.telemetry import AnswerSummary, stream_observe
+from assistant.services.timings import StreamTimings, now
+from assistant.transport import ClientConnection
+
+logger = logging.getLogger(__name__)
+
+Outcome = StreamRecord.Outcome
+Send = Callable[[bytes], Awaitable[None]]
+
+#: Half of a UTF-16 pair without the other: not encodable, shown as U+FFFD instead.
+_UNPAIRED = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(slots=True)
+class _Live:
+    """The listener that hears frames as they are produced: the response that asked."""
+
+    send: Send
+    heartbeat: Heartbeat
+    beating: asyncio.Task[None]
+
+
+@dataclass(eq=False)
+class Answer:
+    """One running answer; see the module docstring for how transports use it."""
+
+    exchange: Exchange
+    identity: Identity
+    question: str
+    serving_path: str
+    engine: BaseEngine
+    source: EngineStream
+    timings: StreamTimings
+    #: Its place on the engine, given back when it ends.
+    seat: Seat
+    outcome: Outcome = Outcome.CLIENT_ABORT
+    #: Why it ended early: an engine's or the error catalogue's code ("" when it did not).
+    error_code: str = ""
+    #: The engine's own finish reason (stop, length, ...).
+    finish_reason: str = ""
+    text: list[str] = field(default_factory=list)
+    buffer: AnswerBuffer = field(init=False)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    _end: EarlyEnd | None = None
+    _live: _Live | None = None
+    #: The connection of the listener that asked (live, or reading the buffer), while it
+    #: listens: checked for a client that stopped reading as frames are produced.
+    _reader: ClientConnection | None = None
+    _task: asyncio.Task[None] | None = None
+    _question_stored: bool = False
+    _slot_released: bool = False
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.buffer = AnswerBuffer(
+            request_id=self.request_id, unheard=self.preempt, contended=self.engine.contended
+        )
+        self.seat.give_up = self.give_up
+        self.seat.unheard = lambda: self.buffer.abandoned
+        answer_register(self, resumable=settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0)
+
+    @property
+    def request_id(self) -> str:
+        return self.exchange.request_id
+
+    @property
+    def owner_key(self) -> str:
+        return self.identity.owner_key
+
+    @property
+    def finished(self) -> bool:
+        return self.buffer.finished
+
+    @property
+    def abandoned(self) -> bool:
+        return self.buffer.abandoned
+
+    @property
+    def complete(self) -> bool:
+        return self.buffer.complete
+
+    # --- what transports call -------------------------------------------------------------
+
+    async def run(
+        self, *, live: Send | None = None, connection: ClientConnection | None = None
+    ) -> None:
+        """Generate the answer to its end in this task. ``live`` (the response that asked)
+        gets each frame as it is produced until ``detach()``; ``connection`` is its socket, for
+        the slow-reader check. Cancelling this ends the answer (it is still stored)."""
+        self._task = asyncio.current_task()
+        if live is not None:
+            self.buffer.attach()
+            heartbeat = Heartbeat(live, ping_interval())
+            beating = asyncio.create_task(heartbeat.run())
+            self._live = _Live(live, heartbeat, beating)
+            self._reader = connection
+        try:
+            frames = self._frames()
+            async with aclosing(frames):
+                while True:
+                    try:
+                        token_id, frame = await anext(frames)
+                    except StopAsyncIteration:
+                        break
+                    except Exception:
+                        logger.exception("Answer %s crashed", self.request_id)
+                        await self._deliver(None, server_error_frame())
+                        break
+                    await self._deliver(token_id, frame)
+        finally:
+            try:
+                await self._close()
+            finally:
+                self._finish()
+
+    def run_apart(self, *, connection: ClientConnection | None = None) -> None:
+        """``run()`` in a task of its own, held until done, for a transport whose response
+        reads the answer with ``listen(asker=True)`` on ``connection``."""
+        if connection is not None:
+            # Frames waiting in the buffer are unread by this client too: a reader that stalls
+            # is noticed while the answer is still being generated, not only where it reads.
+            self._reader = connection.behind(self.buffer.unread)
+        background.adopt(asyncio.create_task(self.run(), name=f"answer:{self.request_id}"))
+
+    async def listen(self, last_id: int = 0, *, asker: bool = False) -> AsyncIterator[bytes]:
+        """``: open``, ``meta``, every frame after token ``last_id``, then new frames as they
+        come (``: ping`` when quiet) until the answer ends. The ``asker`` (the response of the
+        request that started it) is dropped, and the answer ended, if it leaves too much unread."""
+        self.buffer.attach()
+        reader = self._reader if asker else None
+        try:
+            async for frame in self.buffer.frames_after(last_id, ping_interval()):
+                yield frame
+                if reader is not None and self._fell_behind(reader):
+                    return
+        finally:
+            if reader is not None and self._reader is reader:
+                self._reader = None
+            self.buffer.detach()
+
+    def detach(self) -> None:
+        """The live listener's client is gone: nothing more is sent to it, and the answer goes
+        on (in the same task) for the resume grace, into its buffer only."""
+        if self._task is not None and not self._task.done():
+            background.adopt(self._task)
+        self._drop_live()
+
+    def stop(self) -> None:
+        """End the answer now, listened to or not; a resume then gets the stored answer."""
+        if self.finished:
+            return
+        self.buffer.cancel_grace()
+        answer_forget(self)
+        self._end_early(STOPPED)
+
+    def preempt(self) -> None:
+        """``stop()``, if nobody listens (the grace ran out, or another request waits)."""
+        if self.buffer.listeners == 0:
+            self.stop()
+
+    def give_up(self, reason: str) -> None:
+        """End the answer with an ``error`` event for ``reason``: its seat went to another
+        request (``seats.UNHEARD``, ``seats.FAIR_SHARE``)."""
+        self._end_early(given_up(reason))
+
+    # --- inside ---------------------------------------------------------------------------
+
+    def _end_early(self, end: EarlyEnd) -> None:
+        """Ask the frame loop to end with ``end`` at its next step; the wait for the engine's
+        next delta ends at once. A frame being sent goes first."""
+        if self._end is None and not self._closed:
+            self._end = end
+            self.source.cut_short()
+
+    def _drop_live(self) -> None:
+        """Send nothing more to the live listener: its client is gone, or was dropped."""
+        live, self._live = self._live, None
+        if live is None:
+            return
+        live.beating.cancel()
+        self._reader = None
+        self.buffer.detach()
+
+    def _fell_behind(self, connection: ClientConnection) -> bool:
+        """Whether ``connection`` has more of the answer unread than allowed; then it is
+        dropped (with whatever is still buffered for it) and the answer ended."""
+        unsent = connection.unsent()
+        if unsent <= settings.CHATSITE_STREAM["MAX_UNSENT_BYTES"]:
+            return False
+        logger.warning(
+            "Dropped a client that stopped reading %s: %d bytes unread", self.request_id, unsent
+        )
+        connection.abort()
+        self._end_early(SLOW_CLIENT)
+        return True
+
+    async def _deliver(self, token_id: int | None, frame: bytes) -> None:
+        self.buffer.keep(token_id, frame)
+        live = self._live
+        if live is not None:
+            await live.send(frame)
+            live.heartbeat.beat()
+            self.buffer.sent()
+        reader = self._reader
+        if reader is not None and token_id is not None and self._fell_behind(reader):
+            self._drop_live()
+
+    async def _next_delta(self, limit: float) -> Delta:
+        """The engine's next delta within ``limit`` s; ``Ended`` when an early end cut the
+        wait short, ``EngineTimeout`` when the engine took too long."""
+        try:
+            return await self.source.next(limit)
+        except TimeoutError:
+            if self._end is not None:
+                raise Ended(self._end) from None
+            stage = "token" if self.timings.tokens else "first_token"
+            message = f"no {stage} within {limit:g} s"
+            raise EngineTimeout(message, code=f"{stage}_timeout") from None
+
+    async def _frames(self) -> AsyncIterator[tuple[int | None, bytes]]:
+        """The answer's frames with their token ids; ends with ``done`` or ``error``."""
+        timings = self.timings
+        config = settings.CHATSITE_STREAM
+        limits = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
+        try:
+            yield None, OPEN
+            yield None, self._meta()
+            while (item := await self._next_frame(*limits)) is not None:
+                yield item
+                if item[0] is not None:  # a token: sent now
+                    timings.token_sent(now())
+                    self._save_question()
+            self._ended(Outcome.OK, "")
+            await self._release_slot()
+            reason = self.finish_reason or "stop"
+            yield (
+                None,
+                done_frame(finish_reason=reason, tokens=timings.tokens, timings=timings.as_ms()),
+            )
+        except EngineError as exc:
+            timed_out = isinstance(exc, EngineTimeout)
+            self._ended(Outcome.TIMEOUT if timed_out else Outcome.ENGINE_ERROR, exc.code)
+            logger.warning("Engine failed on %s: %s", self.request_id, exc)
+            if timed_out:
+                failed = errors.ENGINE_TIMEOUT
+            else:
+                failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
+            await self._release_slot()
+            yield None, error_frame(exc.code, failed.message)
+        except Ended as ended:
+            end = ended.end
+            self._ended(end.outcome, end.code)
+            logger.info("Ended %s early (%s)", self.request_id, end.code or "stopped")
+            await self._release_slot()
+            if end.message:
+                # Kept for a resume; a dropped reader's connection is gone already.
+                yield None, error_frame(end.code, end.message)
+        except Exception:
+            self._ended(Outcome.SERVER_ERROR, "server_error")
+            raise
+
+    async def _next_frame(
+        self, first_limit: float, next_limit: float
+    ) -> tuple[int | None, bytes] | None:
+        """The next frame the engine's deltas make (a token, with its id, or a queue
+        position); None when the engine is done."""
+        timings = self.timings
+        while True:
+            if self._end is not None:
+                raise Ended(self._end)
+            try:
+                delta = await self._next_delta(next_limit if timings.tokens else first_limit)
+            except StopAsyncIteration:
+                return None
+            if delta.queue_position is not None:
+                return None, queue_frame(delta.queue_position)
+            if delta.finish_reason:
+                self.finish_reason = delta.finish_reason
+            if delta.text:
+                if not timings.tokens:
+                    timings.engine_first_delta = now()
+                text = _UNPAIRED.sub("\ufffd", delta.text)
+                self.text.append(text)
+                return timings.tokens + 1, token_frame(text, timings.tokens + 1)
+
+    def _meta(self) -> bytes:
+        exchange = self.exchange
+        return meta_frame(
+            request_id=exchange.request_id,
+            conversation_id=exchange.conversation_id,
+            message_id=exchange.answer_message_id,
+            user_message_id=exchange.user_message_id,
+            serving_path=self.serving_path,
+            engine=self.engine.name,
+        )
+
+    def _ended(self, outcome: Outcome, code: str) -> None:
+        self.outcome, self.error_code = outcome, code
+        self.timings.finished = now()
+
+    def _save_question(self) -> None:
+        """Hand the question to the group writer, once (it stores it before the answer)."""
+        if not self._question_stored:
+            self._question_stored = True
+            rows = question_rows(
+                owner_key=self.owner_key, exchange=self.exchange, question=self.question
+            )
+            background.spawn(rows_store(rows), name=f"question:{self.request_id}")
+
+    async def _release_slot(self) -> None:
+        """Give back the student's stream slot (once): before the last frame goes out, so a
+        question asked the moment ``done`` arrives is not refused."""
+        if not self._slot_released:
+            self._slot_released = True
+            await chat_slot_release(owner_key=self.owner_key, request_id=self.request_id)
+
+    async def _close(self) -> None:
+        """Stop the engine and store what was said. Safe while being cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        live, self._live, self._reader = self._live, None, None
+        if live is not None:
+            live.beating.cancel()
+        try:
+            await self.source.close()
+        finally:
+            self.seat.leave()
+            self.timings.finished = self.timings.finished or now()
+            summary = self._summary()
+            stream_observe(summary)
+            self._save_question()
+            rows = answer_rows(
+                exchange=self.exchange,
+                content="".join(self.text),
+                outcome=self.outcome,
+                finish_reason=self.error_code or self.finish_reason or self.outcome.value,
+            )
+            background.spawn(answer_store(rows, summary), name=f"answer:{self.request_id}")
+            if not self._slot_released:
+                background.spawn(self._release_slot(), name=f"release:{self.request_id}")
+
+    def _finish(self) -> None:
+        """Listeners see the end; the answer stays resumable for ``RESUME_KEEP_S``."""
+        self.buffer.finish()
+        self._task = None
+        answer_ended(self)
+        if settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0:
+            self.loop.call_later(settings.CHATSITE_STREAM["RESUME_KEEP_S"], answer_forget, self)
+
+    def _summary(self) -> AnswerSummary:
+        return AnswerSummary(
+            request_id=self.request_id,
+            owner_key=self.owner_key,
+            serving_path=self.serving_path,
+            engine=self.engine.name,
+            outcome=self.outcome,
+            error_code=self.error_code,
+            conversation_id=self.exchange.conversation_id,
+            message_id=self.exchange.answer_message_id,
+            timings=self.timings,
+        )

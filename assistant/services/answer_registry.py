@@ -1,0 +1,95 @@
+"""The answers this process runs, found by request id: for a resume, for Stop, and so that no two
+answers run under one id.
+
+Answers live in this process's memory: a resume or a stop must reach the worker that runs the
+answer (one worker by default; behind nginx, see docs/deploy.md). Only the answer's owner (the
+same session or user) may resume or stop it. The look-ups may run on a database thread (the
+stream slots are taken there); an answer is only ever acted on in its own event loop.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+
+class LiveAnswer(Protocol):
+    """What the registry needs of an answer (``services.answer.Answer``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def owner_key(self) -> str: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def abandoned(self) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
+    def stop(self) -> None: ...
+    def preempt(self) -> None: ...
+    def listen(self, last_id: int) -> AsyncIterator[bytes]: ...
+
+
+#: Answers that can be resumed, by (owner, request id): only while resuming is on, and for
+#: ``RESUME_KEEP_S`` after they end.
+_resumable: dict[tuple[str, str], LiveAnswer] = {}
+#: Answers still running, by request id, whether resuming is on or not.
+_running: dict[str, LiveAnswer] = {}
+
+
+def answer_register(answer: LiveAnswer, *, resumable: bool) -> None:
+    _running[answer.request_id] = answer
+    if resumable:
+        _resumable[(answer.owner_key, answer.request_id)] = answer
+
+
+def answer_ended(answer: LiveAnswer) -> None:
+    """``answer`` no longer runs (it may still be resumed until ``answer_forget``)."""
+    if _running.get(answer.request_id) is answer:
+        del _running[answer.request_id]
+
+
+def answer_forget(answer: LiveAnswer) -> None:
+    """``answer`` can no longer be resumed."""
+    key = (answer.owner_key, answer.request_id)
+    if _resumable.get(key) is answer:  # a request id may be reused by a later answer
+        del _resumable[key]
+
+
+def answer_running(request_id: str) -> bool:
+    """From any thread: whether an answer runs under ``request_id`` in this process, anybody's."""
+    return request_id in _running
+
+
+def answer_stop(*, owner_key: str, request_id: str) -> bool:
+    """From any thread: stop ``request_id`` at once if this process runs it for ``owner_key``,
+    listened to or not (the student pressed Stop). What was said is stored as for any other
+    early end. True when there was such an answer to stop."""
+    answer = _running.get(request_id)
+    if answer is None or answer.owner_key != owner_key or answer.finished:
+        return False
+    answer.loop.call_soon_threadsafe(answer.stop)
+    return True
+
+
+def answer_preempt(*, owner_key: str, request_id: str) -> bool:
+    """From any thread: stop ``request_id`` if this process runs it for ``owner_key`` and its
+    listeners have all gone (its student moved on to a new question). True when it was stopped.
+
+    An answer nobody has listened to yet is not abandoned: its response is about to (the
+    ``django`` path's response starts reading only once the view has returned it)."""
+    answer = _resumable.get((owner_key, request_id))
+    if answer is None or not answer.abandoned or answer.finished:
+        return False
+    answer.loop.call_soon_threadsafe(answer.preempt)
+    return True
+
+
+def answer_find(*, owner_key: str, request_id: str) -> LiveAnswer | None:
+    """The answer to resume, if it is still kept, complete, and ``owner_key``'s."""
+    answer = _resumable.get((owner_key, request_id))
+    if answer is None or not answer.complete:
+        return None
+    return answer
