@@ -211,13 +211,16 @@ def installed_reactor() -> Any | None:
 
 def await_at_shutdown(cleanup: Callable[[], Awaitable[object]], reactor: Any | None = None) -> bool:
     """Have ``reactor`` (the installed one by default) wait for ``cleanup()`` while it shuts
-    down, after Daphne has cancelled the open applications. False when there is no reactor:
-    nothing was registered.
+    down, started just after Daphne cancels the open applications. False when there is no
+    reactor: nothing was registered.
 
-    Relies on Daphne's ``Server.run`` adding ``kill_all_applications`` as a ``"before"``
-    ``"shutdown"`` trigger (so this ``"during"`` one runs once those are cancelled), and on the
-    reactor being the asyncio one ``daphne.server`` installs, whose loop runs ``cleanup()``
-    (``Deferred.fromFuture``).
+    Relies on Twisted's three-phase shutdown event: every ``"before"`` trigger is called in
+    order, then the phase waits for the Deferreds they returned. A ``"during"`` Deferred is not
+    waited for here: ``ReactorBase`` registers its own ``crash`` as a ``"during"`` trigger, and
+    on the asyncio reactor ``crash`` stops the event loop that would run ``cleanup()``. Also
+    relies on Daphne's ``Server.run`` adding ``kill_all_applications`` as a ``"before"`` trigger
+    after the application was imported (so after this one), and on ``cleanup()`` running on the
+    reactor's asyncio loop (``Deferred.fromFuture``), whose first step comes after that call.
     """
     reactor = reactor if reactor is not None else installed_reactor()
     if reactor is None:
@@ -228,5 +231,5 @@ def await_at_shutdown(cleanup: Callable[[], Awaitable[object]], reactor: Any | N
 
         return defer.Deferred.fromFuture(asyncio.ensure_future(cleanup()))
 
-    reactor.addSystemEventTrigger("during", "shutdown", trigger)
+    reactor.addSystemEventTrigger("before", "shutdown", trigger)
     return True

@@ -230,7 +230,8 @@ _ENGINE_BACKENDS = {
     # The embedded model inside this worker: one copy per worker, and a crash in llama.cpp
     # takes the worker down with it. For development and tests only.
     "llamacpp-inprocess": "assistant.engines.llamacpp.LlamaCppEngine",
-    "vllm": "assistant.engines.openai_http.OpenAIHTTPEngine",
+    # Any OpenAI-compatible server over HTTP: vLLM's `vllm serve` in production.
+    "openai-http": "assistant.engines.openai_http.OpenAIHTTPEngine",
     "vllm-inprocess": "assistant.engines.vllm_inprocess.VLLMInProcessEngine",
     "scripted": "assistant.engines.scripted.ScriptedEngine",
 }
@@ -252,7 +253,7 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
             "MODEL_PATH": env_str(f"{prefix}LLAMACPP_MODEL_PATH"),
             "N_THREADS": env_int(f"{prefix}LLAMACPP_THREADS", 0),
             "N_CTX": env_int(f"{prefix}LLAMACPP_N_CTX", 2048),
-            # vllm (OpenAI-compatible HTTP) and vllm-inprocess
+            # openai-http (vLLM's OpenAI-compatible server) and vllm-inprocess
             "BASE_URL": env_str(f"{prefix}VLLM_URL", "http://127.0.0.1:8100/v1"),
             "MODEL": env_str(f"{prefix}VLLM_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct"),
             "API_KEY": env_str(f"{prefix}VLLM_API_KEY"),

@@ -24,7 +24,7 @@ DRAIN_TIMEOUT_S = 1.0
 
 
 class OpenAIHTTPEngine(BaseEngine):
-    name = "vllm"
+    name = "openai-http"
 
     def __init__(self, alias: str, options: dict[str, Any]) -> None:
         super().__init__(alias, options)

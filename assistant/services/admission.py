@@ -7,6 +7,7 @@ Synchronous: call through ``assistant.db.run_db``.
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.cache import cache, caches
@@ -33,9 +34,18 @@ def _slot_keys(owner_key: str) -> list[str]:
     return [f"chat:streaming:{owner_key}:{slot}" for slot in range(count)]
 
 
-def chat_admit(*, owner_key: str, request_id: str) -> bool:
+@dataclass(frozen=True, slots=True)
+class SlotTry:
+    """What a try for one of a student's stream slots found."""
+
+    taken: bool
+    #: When not taken: each slot's cache key and the request id holding it.
+    holders: tuple[tuple[str, str], ...] = ()
+
+
+def chat_admit(*, owner_key: str, request_id: str) -> SlotTry:
     """Count this chat request against the owner's rate (``Rejected``, 429 with Retry-After,
-    when over it) and try to take a stream slot: False when all are taken (``chat_slot_wait``)."""
+    when over it) and try to take a stream slot (when all are taken: ``chat_slot_wait``)."""
     limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
     retry_after = rate_limit_hit(scope="chat", key=owner_key, limit=limit, window_s=window)
     if retry_after is not None:
@@ -43,34 +53,44 @@ def chat_admit(*, owner_key: str, request_id: str) -> bool:
     return chat_slot_take(owner_key=owner_key, request_id=request_id)
 
 
-async def chat_slot_wait(*, owner_key: str, request_id: str) -> None:
-    """Wait up to ``SLOT_WAIT_S`` for a stream slot (an answer that has just ended or been
-    left may still be giving its slot back), then refuse: 429 ``stream_active``."""
+async def chat_slot_wait(*, owner_key: str, request_id: str, tried: SlotTry) -> None:
+    """A slot for a request whose first try (``tried``) found them all taken: one held by an
+    answer whose page went away is taken over; else wait up to ``SLOT_WAIT_S`` (an answer that
+    has just ended may still be giving its slot back), then refuse: 429 ``stream_active``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SLOT_WAIT_S
-    while loop.time() < deadline:
+    while not await _slot_take_over(owner_key=owner_key, request_id=request_id, tried=tried):
+        if loop.time() >= deadline:
+            raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
         await asyncio.sleep(0.05)
-        if await run_db(chat_slot_take, owner_key=owner_key, request_id=request_id):
+        tried = await run_db(chat_slot_take, owner_key=owner_key, request_id=request_id)
+        if tried.taken:
             return
-    raise Rejected(errors.STREAM_ACTIVE, retry_after=SLOT_RETRY_AFTER_S)
 
 
-def chat_slot_take(*, owner_key: str, request_id: str) -> bool:
-    """Take one of the owner's stream slots; True when taken (or when there are none)."""
-    keys = _slot_keys(owner_key)
-    if not keys:
-        return True
-    for key in keys:
-        if cache.add(key, request_id, timeout=SLOT_TTL_S):
-            return True
-    # A slot held by an answer whose page went away (kept going for a resume) is taken over:
-    # the student asked something new instead.
-    for key in keys:
-        holder = cache.get(key)
-        if holder is not None and answer_preempt(owner_key=owner_key, request_id=holder):
-            cache.set(key, request_id, timeout=SLOT_TTL_S)
+async def _slot_take_over(*, owner_key: str, request_id: str, tried: SlotTry) -> bool:
+    """Take the slot of an answer of this owner's that nobody listens to any more (it was kept
+    going for a resume; the student asked something new instead), stopping that answer."""
+    for key, holder in tried.holders:
+        if answer_preempt(owner_key=owner_key, request_id=holder):
+            if cache_in_process():
+                cache.set(key, request_id, timeout=SLOT_TTL_S)
+            else:
+                await run_db(cache.set, key, request_id, timeout=SLOT_TTL_S)
             return True
     return False
+
+
+def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
+    """Take one of the owner's stream slots (taken too when there are none)."""
+    keys = _slot_keys(owner_key)
+    for key in keys:
+        if cache.add(key, request_id, timeout=SLOT_TTL_S):
+            return SlotTry(taken=True)
+    if not keys:
+        return SlotTry(taken=True)
+    holders = ((key, cache.get(key)) for key in keys)
+    return SlotTry(taken=False, holders=tuple((k, h) for k, h in holders if h is not None))
 
 
 def cache_in_process() -> bool:

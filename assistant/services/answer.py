@@ -145,7 +145,9 @@ class Answer:
         """Generate the answer to its end in this task. ``live`` (the response that asked)
         gets each frame as it is produced until ``detach()``; ``connection`` is its socket, for
         the slow-reader check. Cancelling this ends the answer (it is still stored)."""
-        self._task = asyncio.current_task()
+        self._task = task = asyncio.current_task()
+        if task is not None:
+            background.adopt(task)  # stopped and stored first when the process shuts down
         if live is not None:
             self.buffer.attach()
             heartbeat = Heartbeat(live, ping_interval())
@@ -178,7 +180,7 @@ class Answer:
             # Frames waiting in the buffer are unread by this client too: a reader that stalls
             # is noticed while the answer is still being generated, not only where it reads.
             self._reader = connection.behind(self.buffer.unread)
-        background.adopt(asyncio.create_task(self.run(), name=f"answer:{self.request_id}"))
+        background.spawn(self.run(), name=f"answer:{self.request_id}")
 
     async def listen(self, last_id: int = 0, *, asker: bool = False) -> AsyncIterator[bytes]:
         """``: open``, ``meta``, every frame after token ``last_id``, then new frames as they
@@ -198,9 +200,8 @@ class Answer:
 
     def detach(self) -> None:
         """The live listener's client is gone: nothing more is sent to it, and the answer goes
-        on (in the same task) for the resume grace, into its buffer only."""
-        if self._task is not None and not self._task.done():
-            background.adopt(self._task)
+        on (in the same task, held by ``background``) for the resume grace, into its buffer
+        only."""
         self._drop_live()
 
     def stop(self) -> None:

@@ -3,11 +3,10 @@ answers run under one id.
 
 Answers live in this process's memory: a resume or a stop must reach the worker that runs the
 answer (one worker by default; behind nginx, see docs/deploy.md). Only the answer's owner (the
-same session or user) may resume or stop it. The look-ups may run on a database thread (the
-stream slots are taken there); an answer is only ever acted on in its own event loop.
+same session or user) may resume or stop it. Everything here runs on the event loop that runs
+the answers.
 """
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -19,8 +18,6 @@ class LiveAnswer(Protocol):
     def request_id(self) -> str: ...
     @property
     def owner_key(self) -> str: ...
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
     @property
     def finished(self) -> bool: ...
     @property
@@ -59,23 +56,23 @@ def answer_forget(answer: LiveAnswer) -> None:
 
 
 def answer_running(request_id: str) -> bool:
-    """From any thread: whether an answer runs under ``request_id`` in this process, anybody's."""
+    """Whether an answer runs under ``request_id`` in this process, anybody's."""
     return request_id in _running
 
 
 def answer_stop(*, owner_key: str, request_id: str) -> bool:
-    """From any thread: stop ``request_id`` at once if this process runs it for ``owner_key``,
+    """Stop ``request_id`` at once if this process runs it for ``owner_key``,
     listened to or not (the student pressed Stop). What was said is stored as for any other
     early end. True when there was such an answer to stop."""
     answer = _running.get(request_id)
     if answer is None or answer.owner_key != owner_key or answer.finished:
         return False
-    answer.loop.call_soon_threadsafe(answer.stop)
+    answer.stop()
     return True
 
 
 def answer_preempt(*, owner_key: str, request_id: str) -> bool:
-    """From any thread: stop ``request_id`` if this process runs it for ``owner_key`` and its
+    """Stop ``request_id`` if this process runs it for ``owner_key`` and its
     listeners have all gone (its student moved on to a new question). True when it was stopped.
 
     An answer nobody has listened to yet is not abandoned: its response is about to (the
@@ -83,7 +80,7 @@ def answer_preempt(*, owner_key: str, request_id: str) -> bool:
     answer = _resumable.get((owner_key, request_id))
     if answer is None or not answer.abandoned or answer.finished:
         return False
-    answer.loop.call_soon_threadsafe(answer.preempt)
+    answer.preempt()
     return True
 
 

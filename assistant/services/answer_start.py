@@ -13,7 +13,6 @@ reader thread, then the engine.
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
@@ -24,15 +23,13 @@ from assistant.db import run_db
 from assistant.engines import (
     BaseEngine,
     ChatMessage,
-    Delta,
     EngineBusy,
     EngineUnavailable,
-    engine_stop,
     get_engine,
 )
 from assistant.errors import Rejected
 from assistant.services import background
-from assistant.services.admission import chat_admit, chat_release, chat_slot_wait
+from assistant.services.admission import SlotTry, chat_admit, chat_release, chat_slot_wait
 from assistant.services.answer import Answer
 from assistant.services.answer_registry import answer_running
 from assistant.services.chat_request import ChatTurn, chat_turn_parse
@@ -147,23 +144,23 @@ def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
     return [*head, *history, ChatMessage(role="user", content=question)]
 
 
-def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, bool]:
+def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, SlotTry]:
     """Who is asking (``Rejected``, 403, without a session), if their rate allows another
-    stream (else ``Rejected``, 429), and whether a stream slot was taken."""
+    stream (else ``Rejected``, 429), and what the try for a stream slot found."""
     identity = identity_required(session_key)
     return identity, chat_admit(owner_key=identity.owner_key, request_id=request_id)
 
 
 def _identity_and_history(
     session_key: str | None, conversation_id: uuid.UUID, request_id: str
-) -> tuple[Identity, bool, list[ChatMessage]]:
-    identity, slot_taken = _identity_admitted(session_key, request_id)
+) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+    identity, slot = _identity_admitted(session_key, request_id)
     try:
         history = _history(identity, conversation_id)
     except BaseException:
         chat_release(owner_key=identity.owner_key, request_id=request_id)
         raise
-    return identity, slot_taken, history
+    return identity, slot, history
 
 
 def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
@@ -198,6 +195,43 @@ def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
     background.spawn(release(), name=f"release:{request_id}")
 
 
+def _engine_start(
+    engine: BaseEngine, messages: list[ChatMessage], timings: StreamTimings, *, ask_now: bool
+) -> EngineStream:
+    """Submit ``messages`` to ``engine``; ``ask_now``: ask for the first delta at once, so the
+    engine works while the session is looked up."""
+    deltas = engine.stream(messages, engine.generation)
+    timings.engine_submitted = now()
+    return EngineStream(deltas, asyncio.ensure_future(anext(deltas)) if ask_now else None)
+
+
+async def _asker(
+    found: asyncio.Future[Any],
+    *,
+    turn: ChatTurn,
+    request_id: str,
+    seating: Seating,
+    seat: Seat | None,
+    client: str,
+) -> tuple[Identity, list[ChatMessage], Seat]:
+    """Who is asking, once the lookup beside the engine (``found``) is done: with their history,
+    a stream slot (waited for if need be) and a seat on the engine."""
+    try:
+        # Shielded: if this request is cancelled meanwhile, the lookup (which may take a
+        # stream slot) still finishes, and _release_once_known gives the slot back.
+        result = await asyncio.shield(found)
+        identity, slot = result[0], result[1]
+        history = result[2] if turn.conversation_id is not None else []
+        if not slot.taken:
+            await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id, tried=slot)
+        return identity, history, seat or seating.take(client, evict=True)
+    except ConversationNotFound:
+        raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
+    except BaseException:
+        _release_once_known(found, request_id)
+        raise
+
+
 async def _answer_open(
     *,
     turn: ChatTurn,
@@ -214,50 +248,32 @@ async def _answer_open(
     the student's or the address's limits refuse another stream, or the conversation is not
     theirs.
     """
-    params = engine.generation
     timings.parsed = now()
     seating = seating_for(engine)
     # With a seat free, a new conversation needs nothing from the database before the engine
     # starts; without one, the session must be known first (it may take another's seat).
     seat = _seat_early(seating, client)
-    pending: asyncio.Future[Delta] | None = None
-    deltas: AsyncIterator[Delta] | None = None
-    history: list[ChatMessage] = []
+    source: EngineStream | None = None
     try:
         if turn.conversation_id is None:
             found: asyncio.Future[Any] = asyncio.ensure_future(
                 run_db(_identity_admitted, session_key, request_id)
             )
             if seat is not None:
-                deltas = engine.stream(_messages(turn.message, []), params)
-                timings.engine_submitted = now()
-                pending = asyncio.ensure_future(anext(deltas))
+                source = _engine_start(engine, _messages(turn.message, []), timings, ask_now=True)
         else:
             found = asyncio.ensure_future(
                 run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
             )
-        try:
-            # Shielded: if this request is cancelled meanwhile, the lookup (which may take a
-            # stream slot) still finishes, and _release_once_known gives the slot back.
-            result = await asyncio.shield(found)
-            identity, slot_taken = result[0], result[1]
-            if turn.conversation_id is not None:
-                history = result[2]
-            if not slot_taken:
-                await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id)
-            if seat is None:
-                seat = seating.take(client, evict=True)
-        except ConversationNotFound:
-            raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
-        except BaseException:
-            _release_once_known(found, request_id)
-            raise
-        if deltas is None:
-            deltas = engine.stream(_messages(turn.message, history), params)
-            timings.engine_submitted = now()
+        identity, history, seat = await _asker(
+            found, turn=turn, request_id=request_id, seating=seating, seat=seat, client=client
+        )
+        if source is None:
+            messages = _messages(turn.message, history)
+            source = _engine_start(engine, messages, timings, ask_now=False)
     except BaseException:
-        if deltas is not None:
-            await engine_stop(pending, deltas)
+        if source is not None:
+            await source.close()
         if seat is not None:
             seat.leave()
         raise
@@ -275,7 +291,7 @@ async def _answer_open(
         question=turn.message,
         serving_path=serving_path,
         engine=engine,
-        source=EngineStream(deltas, pending),
+        source=source,
         timings=timings,
         seat=seat,
     )

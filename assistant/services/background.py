@@ -21,16 +21,16 @@ def spawn[T](coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
     return task
 
 
-#: Adopted tasks: answers going on with nobody listening, stopped first when the process exits.
+#: Adopted tasks: running answers (``Answer.run``), stopped first when the process exits.
 _adopted: set[asyncio.Task[Any]] = set()
 
 
 def adopt(task: asyncio.Task[Any]) -> None:
-    """Hold ``task`` (an answer nobody may be listening to) until it is done, like a spawned
-    one; when the process shuts down it is cancelled rather than waited for."""
+    """Hold ``task`` (one running an answer, which nobody may be listening to) until it is
+    done, like a spawned one; when the process shuts down it is cancelled, then waited for."""
+    _adopted.add(task)
     if task not in _tasks:
         _tasks.add(task)
-        _adopted.add(task)
         task.add_done_callback(_finished)
 
 

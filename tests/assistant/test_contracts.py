@@ -38,6 +38,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from packaging.requirements import Requirement
 from twisted.internet import abstract, asyncioreactor, tcp
 from twisted.internet.address import IPv4Address
+from twisted.internet.base import ReactorBase
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor
@@ -311,9 +312,12 @@ def test_installed_reactor_is_the_asyncio_reactor_daphne_installs() -> None:
 
 
 async def test_await_at_shutdown_waits_for_cleanup_after_daphne_cancels_requests() -> None:
-    """Daphne cancels its applications before shutdown; the cleanup is awaited during it."""
+    """Daphne cancels its applications in the "before shutdown" phase, which waits for the
+    cleanup's Deferred; the "during" phase would not, since the reactor crashes itself there."""
     run = inspect.getsource(daphne.server.Server.run)
     assert 'addSystemEventTrigger("before", "shutdown", self.kill_all_applications)' in run
+    base_init = inspect.getsource(ReactorBase.__init__)
+    assert 'addSystemEventTrigger("during", "shutdown", self.crash)' in base_init
 
     reactor = MemoryReactor()
     cleaned: list[str] = []
@@ -322,7 +326,7 @@ async def test_await_at_shutdown_waits_for_cleanup_after_daphne_cancels_requests
         cleaned.append("done")
 
     assert internals.await_at_shutdown(cleanup, reactor) is True
-    [(trigger, _args, _kwargs)] = reactor.triggers["during"]["shutdown"]
+    [(trigger, _args, _kwargs)] = reactor.triggers["before"]["shutdown"]
     await trigger().asFuture(asyncio.get_running_loop())
     assert cleaned == ["done"]
 

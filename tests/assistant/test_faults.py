@@ -226,7 +226,7 @@ def test_the_model_server_dying_mid_answer_ends_the_stream_with_an_error(
     model = ModelServer(tmp_path / "model-server.log")
     try:
         server = daphne_factory(
-            CHATSITE_ENGINE="vllm",
+            CHATSITE_ENGINE="openai-http",
             CHATSITE_VLLM_URL=model.base_url,
             CHATSITE_VLLM_MODEL=model.model,
             CHATSITE_MAX_TOKENS="400",
@@ -282,7 +282,7 @@ def test_an_upstream_that_never_answers_times_out_the_first_token(daphne_factory
     record says timeout, and the upstream request is hung up rather than left open."""
     with SilentUpstream() as upstream:
         server = daphne_factory(
-            CHATSITE_ENGINE="vllm",
+            CHATSITE_ENGINE="openai-http",
             CHATSITE_VLLM_URL=upstream.url,
             CHATSITE_VLLM_MODEL="silent",
             CHATSITE_FIRST_TOKEN_TIMEOUT="1",

@@ -51,7 +51,7 @@ def test_readyz_is_503_naming_an_unreachable_model_server(daphne_factory) -> Non
     """The OpenAI-compatible engine pointed at a port nobody listens on: 503, the engine named,
     the database and the cache still "ok"; /healthz stays 200."""
     server = daphne_factory(
-        CHATSITE_ENGINE="vllm", CHATSITE_VLLM_URL=f"http://127.0.0.1:{free_port()}/v1"
+        CHATSITE_ENGINE="openai-http", CHATSITE_VLLM_URL=f"http://127.0.0.1:{free_port()}/v1"
     )
 
     ready = httpx.get(f"{server.url}/readyz", timeout=5)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP engine (the ``vllm`` backend), against real servers on loopback.
+"""The OpenAI-compatible HTTP engine (the ``openai-http`` backend), against real servers.
 
 vLLM needs a GPU, so llama.cpp's own OpenAI-compatible server stands in for it, serving the same
 SmolLM2 model. It runs one request at a time (``--interrupt_requests False`` keeps it from cutting
