@@ -22,7 +22,6 @@ from .base import (
     EngineTimeout,
     EngineUnavailable,
     GenerationParams,
-    engine_stop,
 )
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
     "EngineUnavailable",
     "GenerationParams",
     "describe_serving",
-    "engine_stop",
     "get_engine",
     "preload",
     "preload_serving",

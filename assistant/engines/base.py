@@ -6,7 +6,6 @@ in-process request. Errors before the first delta are ``EngineUnavailable`` (the
 answer 503); errors after it are ``EngineError`` (the caller ends the stream with an error event).
 """
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -160,14 +159,3 @@ class BaseEngine(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (HTTP clients, threads)."""
-
-
-async def engine_stop(
-    pending: "asyncio.Future[Delta] | None", deltas: AsyncIterator[Delta]
-) -> None:
-    """Cancel the engine's step in flight (``pending``, if any), then close its stream: the
-    contract above makes that stop generation upstream."""
-    if pending is not None and not pending.done():
-        pending.cancel()
-        await asyncio.wait({pending})
-    await deltas.aclose()  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ Synchronous: call through ``assistant.db.run_db``.
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -73,10 +74,7 @@ async def _slot_take_over(*, owner_key: str, request_id: str, tried: SlotTry) ->
     going for a resume; the student asked something new instead), stopping that answer."""
     for key, holder in tried.holders:
         if answer_preempt(owner_key=owner_key, request_id=holder):
-            if cache_in_process():
-                cache.set(key, request_id, timeout=SLOT_TTL_S)
-            else:
-                await run_db(cache.set, key, request_id, timeout=SLOT_TTL_S)
+            await _cache_call(cache.set, key, request_id, timeout=SLOT_TTL_S)
             return True
     return False
 
@@ -98,6 +96,14 @@ def cache_in_process() -> bool:
     return isinstance(caches["default"], LocMemCache)
 
 
+async def _cache_call[**P, R](function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``function`` (cache work) from the event loop: in place when the cache is this process's
+    memory, else on a database thread."""
+    if cache_in_process():
+        return function(*args, **kwargs)
+    return await run_db(function, *args, **kwargs)
+
+
 def chat_release(*, owner_key: str, request_id: str) -> None:
     """Give back the slot ``request_id`` holds, if any."""
     for key in _slot_keys(owner_key):
@@ -112,9 +118,6 @@ async def chat_slot_release(*, owner_key: str, request_id: str) -> None:
     if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
         return  # no slots to give back: no trip to a thread
     try:
-        if cache_in_process():
-            chat_release(owner_key=owner_key, request_id=request_id)  # microseconds
-        else:
-            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+        await _cache_call(chat_release, owner_key=owner_key, request_id=request_id)
     except Exception:
         logger.exception("Could not give back the stream slot of %s", request_id)

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
-from assistant.engines import Delta, engine_stop
+from assistant.engines import Delta
 
 
 @dataclass(eq=False, slots=True)
@@ -42,5 +42,10 @@ class EngineStream:
             deadline.reschedule(asyncio.get_running_loop().time())
 
     async def close(self) -> None:
-        """Stop the engine: its step in flight, then its stream."""
-        await engine_stop(self.pending, self.deltas)
+        """Stop the engine: cancel its step in flight, if any, then close its stream (the engine
+        contract makes that stop generation upstream)."""
+        pending = self.pending
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        await self.deltas.aclose()  # type: ignore[attr-defined]
