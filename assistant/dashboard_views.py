@@ -17,10 +17,12 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import render
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext, pgettext
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, sse
+from assistant.dashboard_strings import dashboard_strings
 from assistant.db import run_db, run_db_write
 from assistant.engines import describe_serving
 from assistant.errors import Rejected
@@ -117,15 +119,28 @@ def dashboard_snapshot(*, window: str) -> dict[str, Any]:
 @staff_required
 async def dashboard(request: HttpRequest) -> HttpResponseBase:
     """``/dashboard/``: the page; its data arrives from ``dashboard_events``."""
-    windows = [["5m", "5 minutes"], ["1h", "1 hour"], ["24h", "24 hours"]]
+    # Each window's value (a code), its button's text and its title, in the page's language.
+    windows = [
+        ["5m", pgettext("time window button", "5m"), gettext("Last 5 minutes")],
+        ["1h", pgettext("time window button", "1h"), gettext("Last 1 hour")],
+        ["24h", pgettext("time window button", "24h"), gettext("Last 24 hours")],
+    ]
     window = request.GET.get("window", "5m")
     context = {
         "events_url": "/dashboard/events",
         "split_url": "/dashboard/api/split",
         "windows": windows,
         "window": window if window in WINDOWS else "5m",
+        "page_strings": dashboard_strings(),
     }
-    return await run_db(render, request, "assistant/dashboard.html", context)
+    return await run_db(_render_in, translation.get_language(), request, context)
+
+
+def _render_in(language: str, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
+    """The dashboard page rendered in ``language``: a reader thread does not inherit the
+    request's active language from the event loop's context."""
+    with translation.override(language):
+        return render(request, "assistant/dashboard.html", context)
 
 
 @require_GET

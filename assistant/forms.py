@@ -6,18 +6,22 @@ from typing import Any
 
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
+from django.utils.translation import ngettext
 
 from assistant.services.clients import UNKNOWN, request_client
 from assistant.services.logins import login_failed, login_locked, login_succeeded
 
 
 def locked_message(retry_after_s: int) -> str:
+    """What the login page says to a locked account or address, in the request's language."""
     minutes = math.ceil(retry_after_s / 60)
-    wait = f"{minutes} minute{'s' if minutes != 1 else ''}"
-    return (
-        "Too many failed logins for this account or from this address. "
-        f"Logging in is locked for now: try again in {wait}."
-    )
+    return ngettext(
+        "Too many failed logins for this account or from this address. Logging in is locked "
+        "for now: try again in %(minutes)d minute.",
+        "Too many failed logins for this account or from this address. Logging in is locked "
+        "for now: try again in %(minutes)d minutes.",
+        minutes,
+    ) % {"minutes": minutes}
 
 
 class ThrottledAuthenticationForm(AdminAuthenticationForm):

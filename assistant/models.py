@@ -43,6 +43,9 @@ class Message(models.Model):
     finish_reason = models.CharField(max_length=32, blank=True)
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    #: When the student edited this question, or one before it, or asked for this answer again:
+    #: the message stays stored, but neither the page nor the model sees it any more.
+    replaced_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.http.cookie import parse_cookie
 
 from assistant import errors, http
+from assistant.i18n import scope_translation
 from assistant.services.serving_refresh import split_current
 from assistant.services.timings import RECEIVED_KEY, now
 from assistant.transport import CONNECTION_KEY, client_connection
@@ -42,6 +43,10 @@ class ChatStreamRouter:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         scope[RECEIVED_KEY] = now()
         scope[CONNECTION_KEY] = client_connection(send)
+        with scope_translation(scope):
+            await self._route(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Any, send: Any) -> None:
         refused = http.preflight_error(scope)
         if refused is not None:
             error, extra = refused

@@ -27,7 +27,8 @@ def conversation_messages(
     """The messages of the owner's conversation, or None if it is not theirs (or does not exist)."""
     if not Conversation.objects.filter(id=conversation_id, owner_key=owner_key).exists():
         return None
-    rows = Message.objects.filter(conversation_id=conversation_id).values(
+    # What an edited or regenerated question replaced stays stored, and is not shown.
+    rows = Message.objects.filter(conversation_id=conversation_id, replaced_at__isnull=True).values(
         "id", "role", "content", "status", "finish_reason", "created_at"
     )
     return [

@@ -1,4 +1,5 @@
-"""Pages and the read-only history API. The stream itself is ``assistant.consumers``."""
+"""Pages and the history API (read, rename, delete). The stream itself is
+``assistant.consumers``."""
 
 import asyncio
 import json
@@ -8,14 +9,22 @@ from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
+from django.utils.translation import get_language
 from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, selectors
 from assistant.db import run_db
 from assistant.errors import Rejected
+from assistant.page_strings import chat_strings, model_language_notice
 from assistant.services.beacons import Beacon, beacon_apply, beacon_parse
 from assistant.services.clients import request_client
+from assistant.services.conversations import (
+    ConversationNotFound,
+    conversation_delete,
+    conversation_rename,
+    conversation_title_parse,
+)
 from assistant.services.identity import owner_key_for, session_issue, session_live
 from assistant.services.ratelimit import rate_limit_hit
 
@@ -47,6 +56,8 @@ def chat_page(request: HttpRequest) -> HttpResponse:
     context = {
         "ping_interval_ms": int(config["PING_INTERVAL"] * 1000),
         "max_message_chars": config["MAX_MESSAGE_CHARS"],
+        "page_strings": chat_strings(),
+        "model_language_notice": model_language_notice(get_language()),
     }
     return render(request, "assistant/chat.html", context)
 
@@ -69,17 +80,59 @@ def conversations(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"conversations": items})
 
 
-@require_GET
-def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> JsonResponse:
+def conversation_detail(request: HttpRequest, conversation_id: uuid.UUID) -> HttpResponse:
+    """``/api/conversations/<id>``, its owner's only: ``GET`` its messages; ``PATCH``
+    ``{"title": "..."}`` renames it (200 ``{"id", "title"}``); ``DELETE`` deletes it and its
+    messages (204). Anybody else's, a visitor without a session and an unknown id all get the
+    same 404 ``conversation_not_found``. CSRF is checked by the middleware."""
+    action = _CONVERSATION_ACTIONS.get(request.method or "")
+    if action is None:
+        return http.api_error(errors.CONVERSATION_METHOD_NOT_ALLOWED, [(b"allow", _ALLOW)])
     owner_key = _owner_key(request)
-    messages = None
-    if owner_key is not None:
-        messages = selectors.conversation_messages(
-            owner_key=owner_key, conversation_id=conversation_id
-        )
-    if messages is None:
+    try:
+        if owner_key is None:
+            raise ConversationNotFound(str(conversation_id))
+        return action(request, owner_key, conversation_id)
+    except ConversationNotFound:
         return http.api_error(errors.CONVERSATION_NOT_FOUND)
+    except Rejected as refused:
+        return http.api_error(refused.error, refused.headers())
+
+
+def _conversation_read(
+    request: HttpRequest, owner_key: str, conversation_id: uuid.UUID
+) -> HttpResponse:
+    messages = selectors.conversation_messages(owner_key=owner_key, conversation_id=conversation_id)
+    if messages is None:
+        raise ConversationNotFound(str(conversation_id))
     return JsonResponse({"id": str(conversation_id), "messages": messages})
+
+
+def _conversation_rename(
+    request: HttpRequest, owner_key: str, conversation_id: uuid.UUID
+) -> HttpResponse:
+    if not http.is_json(request.headers.get("content-type")):
+        return http.api_error(errors.UNSUPPORTED_MEDIA_TYPE)
+    if len(request.body) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
+        return http.api_error(errors.BODY_TOO_LARGE)
+    title = conversation_title_parse(request.body)
+    conversation_rename(owner_key=owner_key, conversation_id=conversation_id, title=title)
+    return JsonResponse({"id": str(conversation_id), "title": title})
+
+
+def _conversation_delete(
+    request: HttpRequest, owner_key: str, conversation_id: uuid.UUID
+) -> HttpResponse:
+    conversation_delete(owner_key=owner_key, conversation_id=conversation_id)
+    return HttpResponse(status=204)
+
+
+_CONVERSATION_ACTIONS = {
+    "GET": _conversation_read,
+    "PATCH": _conversation_rename,
+    "DELETE": _conversation_delete,
+}
+_ALLOW = ", ".join(_CONVERSATION_ACTIONS).encode("ascii")
 
 
 def _beacon_sync(

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from assistant.benchmarking import SSEParser, percentile  # noqa: E402
 from assistant.benchmarking.ports import accepts, free_port  # noqa: E402
-from assistant.benchmarking.servers import start_daphne  # noqa: E402
+from assistant.benchmarking.servers import BENCHMARK_ENV, start_daphne  # noqa: E402
 
 BARE_SERVER = r"""
 import asyncio, sys
@@ -233,19 +233,10 @@ def main() -> None:
                     root=args.chatsite_root,
                     db_path=str(db),
                     env={
-                        # As deployed: debug off (no SQL logging, no autoreload of static files).
-                        "CHATSITE_DEBUG": "0",
-                        "DJANGO_SECRET_KEY": "benchmark-only-secret-key-0123456789abcdefghijkl",
-                        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-                        "CHATSITE_TLS": "0",
+                        **BENCHMARK_ENV,
                         "CHATSITE_SCRIPTED_TTFT_MS": str(int(args.ttft_ms)),
                         "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
                         "CHATSITE_SCRIPTED_ITL_MS": str(int(args.itl_ms)),
-                        "CHATSITE_SCRIPTED_EVENTS_FILE": "",
-                        # One page's cookies ask every question here: no per-student limits.
-                        "CHATSITE_STREAMS_PER_SESSION": "0",
-                        "CHATSITE_CHAT_RATE": "100000000",
-                        "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
                         # Resuming off (no finished answer kept), as for the figures in
                         # docs/performance.md.
                         "CHATSITE_RESUME_GRACE_S": "0",

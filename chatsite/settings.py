@@ -73,6 +73,8 @@ MIDDLEWARE = [
     # WhiteNoise, wrapped so that the stack stays async (no thread hop per request).
     "assistant.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The page's language: the one the student chose (a cookie), else the browser's.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -103,6 +105,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.csp",
+                "assistant.i18n.page_language",
             ],
         },
     },
@@ -193,7 +196,12 @@ SECURE_CSP = {
     "form-action": ["'self'"],
 }
 
-LANGUAGE_CODE = "en-us"
+# Simplified Chinese and English: every page, and the messages of the API's errors (their codes
+# stay the same). Catalogues are in locale/, compiled by scripts/setup (manage.py
+# compilecatalogues). A zh-CN, zh-SG or zh browser gets zh-hans (Django's own fallbacks).
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -203,6 +211,8 @@ STATIC_ROOT = env_str("CHATSITE_STATIC_ROOT", str(BASE_DIR / "staticfiles"))
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 # Serve straight from the finders in development and tests; no collectstatic needed to run.
 WHITENOISE_USE_FINDERS = True
+# The web app manifest (the page pinned on a phone's home screen) has no type in WhiteNoise's list.
+WHITENOISE_MIMETYPES = {".webmanifest": "application/manifest+json"}
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {
@@ -261,6 +271,10 @@ def engine_config(prefix: str, default: str) -> dict[str, object]:
             "TTFT_MS": env_int(f"{prefix}SCRIPTED_TTFT_MS", 50),
             "ITL_MS": env_int(f"{prefix}SCRIPTED_ITL_MS", 20),
             "TOKENS": env_int(f"{prefix}SCRIPTED_TOKENS", 20),
+            # The languages the model answers in (ISO 639-1: en, zh...). The page tells a student
+            # whose language is not among them that the answers will be in another language.
+            # The default model, SmolLM2-135M, answers in English whatever it is asked in.
+            "LANGUAGES": env_list(f"{prefix}MODEL_LANGUAGES", "en"),
             # Streams one process runs on this engine at once; more get 503 at once (0: no cap).
             "MAX_STREAMS": env_int(f"{prefix}MAX_STREAMS", 256),
             # Sampling; unset means the backend's own default (GenerationParams in its module).

@@ -8,5 +8,7 @@ urlpatterns = [
     # Before the admin's own: the same page, throttled (assistant/forms.py).
     path("admin/login/", admin_login),
     path("admin/", admin.site.urls),
+    # The language switcher posts here (Django's set_language: CSRF, a cookie, back to "next").
+    path("i18n/", include("django.conf.urls.i18n")),
     path("", include("django_prometheus.urls")),
 ]

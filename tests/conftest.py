@@ -13,6 +13,14 @@ from tests.support import ChatClient, LiveServer, NginxServer, start_daphne, sta
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The translations as the site reads them: a .po edited since scripts/setup compiled it
+    is compiled again before any server under test starts."""
+    from assistant.catalogues import compile_catalogues
+
+    compile_catalogues()
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep a SQLite test database in a file, so Daphne processes under test share it

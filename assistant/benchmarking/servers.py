@@ -165,6 +165,40 @@ def database_env(name: str) -> dict[str, str]:
     return {"CHATSITE_SQLITE_PATH": name}
 
 
+#: A chatsite server as deployed (debug off: no SQL logging, no autoreload of static files), with
+#: no per-student limits, since one client asks every question of a benchmark.
+BENCHMARK_ENV = {
+    "CHATSITE_DEBUG": "0",
+    "DJANGO_SECRET_KEY": "benchmark-only-secret-key-0123456789abcdefghijkl",
+    "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    "CHATSITE_TLS": "0",
+    "CHATSITE_SCRIPTED_EVENTS_FILE": "",
+    "CHATSITE_STREAMS_PER_SESSION": "0",
+    "CHATSITE_CHAT_RATE": "100000000",
+    "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
+}
+
+#: Headless Chromium as the page tests and benchmarks run it: nothing fetched from elsewhere.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def chromium_executable() -> str | None:
+    """A system Chromium (``CHATSITE_CHROMIUM`` or on PATH); None uses Playwright's own build."""
+    return (
+        os.environ.get("CHATSITE_CHROMIUM")
+        or shutil.which("chromium")
+        or shutil.which("chromium-browser")
+    )
+
+
 def start_daphne(
     *, workdir: Path, db_path: str, env: dict[str, str] | None = None, root: Path = ROOT
 ) -> LiveServer:

@@ -119,6 +119,14 @@ class BaseEngine(ABC):
         self.max_streams = int(options.get("MAX_STREAMS") or 0)
         #: The sampling every answer on this alias uses.
         self.generation = generation_from_options(self.default_generation, options)
+        #: The languages the model answers in (ISO 639-1 codes, lower case).
+        self.languages = frozenset(
+            str(code).strip().lower() for code in options.get("LANGUAGES") or ("en",)
+        )
+
+    def speaks(self, language: str) -> bool:
+        """Whether the model answers in ``language`` (a language code: zh-hans, en-us, zh...)."""
+        return language.split("-")[0].lower() in self.languages
 
     def load(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Load weights or open resources. Called once per process, before the first request."""

@@ -6,10 +6,11 @@ the defaults with a directive at the start of its last user message, for example
 ``hang=1`` never produces a token, ``text='...'`` is JSON: a list of tokens to send, or a string
 sent one character per token, ``size=N`` pads every token to N characters).
 
-Every start (with the sampling it was given), finish and cancellation is appended as one JSON
-line to the file named by ``EVENTS_FILE`` (env ``CHATSITE_SCRIPTED_EVENTS_FILE``) with
-``time.monotonic()``, which is the same clock in every process on the machine, so a test in
-another process can tell how long after its disconnect the generation stopped.
+Every start (with the messages and the sampling it was given), finish and cancellation is
+appended as one JSON line to the file named by ``EVENTS_FILE`` (env
+``CHATSITE_SCRIPTED_EVENTS_FILE``) with ``time.monotonic()``, which is the same clock in every
+process on the machine, so a test in another process can tell how long after its disconnect
+the generation stopped.
 """
 
 import asyncio
@@ -90,7 +91,14 @@ class ScriptedEngine(BaseEngine):
         tag = args.get("tag", "")
         tokens = tokens[: params.max_tokens]
 
-        self._record("start", tag=tag, messages=len(messages), params=asdict(params))
+        self._record(
+            "start",
+            tag=tag,
+            messages=len(messages),
+            # What it was given, so a test can tell what reached the engine.
+            given=[[m.role, m.content] for m in messages],
+            params=asdict(params),
+        )
         self.active += 1
         sent = 0
         try:

@@ -7,6 +7,9 @@ acts on it at its next step: the outcome it is recorded with, its code, and the 
 
 from dataclasses import dataclass
 
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
+
 from assistant import errors
 from assistant.models import StreamRecord
 
@@ -19,13 +22,14 @@ class EarlyEnd:
 
     outcome: Outcome
     code: str
-    #: The last frame's message; "" ends the stream without an ``error`` event.
-    message: str = ""
+    #: The last frame's message (lazy: in the asker's language); "" ends the stream without an
+    #: ``error`` event.
+    message: str | Promise = ""
 
 
 STOPPED = EarlyEnd(Outcome.CLIENT_ABORT, "")
 SLOW_CLIENT = EarlyEnd(
-    Outcome.SLOW_CLIENT, "slow_client", "The connection could not keep up with the answer."
+    Outcome.SLOW_CLIENT, "slow_client", _("The connection could not keep up with the answer.")
 )
 
 

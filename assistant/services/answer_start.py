@@ -152,22 +152,26 @@ def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identi
 
 
 def _identity_and_history(
-    session_key: str | None, conversation_id: uuid.UUID, request_id: str
+    session_key: str | None, turn: ChatTurn, request_id: str
 ) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+    assert turn.conversation_id is not None
     identity, slot = _identity_admitted(session_key, request_id)
     try:
-        history = _history(identity, conversation_id)
+        history = _history(identity, turn.conversation_id, before=turn.replaces)
     except BaseException:
         chat_release(owner_key=identity.owner_key, request_id=request_id)
         raise
     return identity, slot, history
 
 
-def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage]:
+def _history(
+    identity: Identity, conversation_id: uuid.UUID, *, before: uuid.UUID | None
+) -> list[ChatMessage]:
     return conversation_history(
         owner_key=identity.owner_key,
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
+        before=before,
     )
 
 
@@ -263,7 +267,7 @@ async def _answer_open(
                 source = _engine_start(engine, _messages(turn.message, []), timings, ask_now=True)
         else:
             found = asyncio.ensure_future(
-                run_db(_identity_and_history, session_key, turn.conversation_id, request_id)
+                run_db(_identity_and_history, session_key, turn, request_id)
             )
         identity, history, seat = await _asker(
             found, turn=turn, request_id=request_id, seating=seating, seat=seat, client=client
@@ -284,6 +288,7 @@ async def _answer_open(
         answer_message_id=uuid.uuid4(),
         is_new_conversation=turn.conversation_id is None,
         request_id=request_id,
+        replaces=turn.replaces,
     )
     return Answer(
         exchange=exchange,

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.utils.translation import gettext
 
 from assistant import errors
 from assistant.errors import Rejected
@@ -19,6 +20,9 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 class ChatTurn:
     message: str
     conversation_id: uuid.UUID | None
+    #: The question this one replaces (edited and sent again, or asked again to regenerate its
+    #: answer): it and everything after it are set aside once this one is stored.
+    replaces: uuid.UUID | None = None
 
 
 def request_id_valid(value: object) -> bool:
@@ -34,7 +38,8 @@ def request_id_choose(incoming: str | None) -> str:
 
 
 def chat_turn_parse(body: bytes) -> ChatTurn:
-    """Validate the JSON body ``{"message": str, "conversation": uuid | null}``."""
+    """Validate the JSON body ``{"message": str, "conversation": uuid | null}``, with
+    ``"replaces": uuid`` (a question of that conversation) to edit or regenerate."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -51,14 +56,27 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
     limit = settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
     if len(message) > limit:
         raise Rejected(
-            errors.MESSAGE_TOO_LONG.with_message(f"The message is longer than {limit} characters.")
+            errors.MESSAGE_TOO_LONG.with_message(
+                gettext("The message is longer than %(limit)d characters.") % {"limit": limit}
+            )
         )
     raw_conversation = payload.get("conversation")
+    raw_replaces = payload.get("replaces")
     if raw_conversation is None:
+        if raw_replaces is not None:
+            raise Rejected(errors.INVALID_REPLACES)
         return ChatTurn(message=message, conversation_id=None)
-    if not isinstance(raw_conversation, str):
-        raise Rejected(errors.INVALID_CONVERSATION)
+    return ChatTurn(
+        message=message,
+        conversation_id=_uuid(raw_conversation, errors.INVALID_CONVERSATION),
+        replaces=None if raw_replaces is None else _uuid(raw_replaces, errors.INVALID_REPLACES),
+    )
+
+
+def _uuid(value: object, error: errors.ApiError) -> uuid.UUID:
+    if not isinstance(value, str):
+        raise Rejected(error)
     try:
-        return ChatTurn(message=message, conversation_id=uuid.UUID(raw_conversation))
+        return uuid.UUID(value)
     except ValueError:
-        raise Rejected(errors.INVALID_CONVERSATION) from None
+        raise Rejected(error) from None

@@ -1,16 +1,36 @@
-"""Conversations: reading history (synchronous ORM, through ``run_db``) and the rows a stream
-stores (through ``assistant.services.persistence``)."""
+"""Conversations: reading history (synchronous ORM, through ``run_db``), the rows a stream
+stores (through ``assistant.services.persistence``), and their owner renaming or deleting them."""
 
 import asyncio
+import json
+import logging
+import unicodedata
 import uuid
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils.translation import gettext
+
+from assistant import errors
+from assistant.db import run_db
 from assistant.engines import ChatMessage
+from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
-from assistant.services.persistence import Rows, rows_store
+from assistant.services.admission import cache_in_process
+from assistant.services.chat_request import _UNSTORABLE
+from assistant.services.persistence import PersistenceFailed, Rows, rows_store
+from assistant.services.ratelimit import rate_limit_hit
 from assistant.services.telemetry import AnswerSummary, stream_record
 
+logger = logging.getLogger(__name__)
+
 TITLE_CHARS = 60
+#: How long a deleted conversation stays marked deleted in the cache (shared by the workers), so
+#: that an answer still running in it stores no text when it ends (``answer_store``): longer
+#: than answers run.
+DELETED_KEEP_S = 3600
 
 
 class ConversationNotFound(Exception):
@@ -26,19 +46,38 @@ class Exchange:
     answer_message_id: uuid.UUID
     is_new_conversation: bool
     request_id: str
+    #: The question this exchange replaces (``ChatTurn.replaces``).
+    replaces: uuid.UUID | None = None
 
 
 def conversation_history(
-    *, owner_key: str, conversation_id: uuid.UUID, limit: int
+    *, owner_key: str, conversation_id: uuid.UUID, limit: int, before: uuid.UUID | None = None
 ) -> list[ChatMessage]:
-    """The last ``limit`` messages of the owner's conversation, oldest first."""
+    """The last ``limit`` messages of the owner's conversation, oldest first, leaving out what
+    was replaced; with ``before`` (a question being replaced), only the messages before it.
+
+    Raises ``ConversationNotFound``, or ``Rejected`` when ``before`` is not one of the
+    conversation's questions (``invalid_replaces``) or was replaced already
+    (``question_replaced``).
+    """
     if not Conversation.objects.filter(id=conversation_id, owner_key=owner_key).exists():
         raise ConversationNotFound(str(conversation_id))
+    messages = Message.objects.filter(conversation_id=conversation_id, replaced_at__isnull=True)
+    if before is not None:
+        question = (
+            Message.objects.filter(
+                id=before, conversation_id=conversation_id, role=Message.Role.USER
+            )
+            .values_list("created_at", "replaced_at")
+            .first()
+        )
+        if question is None:
+            raise Rejected(errors.INVALID_REPLACES)
+        if question[1] is not None:
+            raise Rejected(errors.QUESTION_REPLACED)
+        messages = messages.filter(created_at__lt=question[0])
     recent = (
-        Message.objects.filter(conversation_id=conversation_id)
-        .exclude(content="")
-        .order_by("-created_at")
-        .values_list("role", "content")[:limit]
+        messages.exclude(content="").order_by("-created_at").values_list("role", "content")[:limit]
     )
     return [ChatMessage(role=role, content=content) for role, content in reversed(recent)]
 
@@ -54,6 +93,8 @@ def question_rows(*, owner_key: str, exchange: Exchange, question: str) -> Rows:
                 title=" ".join(question.split())[:TITLE_CHARS],
             )
         )
+    if exchange.replaces is not None:
+        rows.replaced.append((exchange.conversation_id, exchange.replaces))
     rows.messages.append(
         Message(
             id=exchange.user_message_id,
@@ -89,5 +130,132 @@ def answer_rows(
 async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
     """Store an ended answer's rows and its record. Written after the question by the same
     writer; if the question failed, so does this. The record is submitted apart (usually in the
-    same transaction): a request id used twice must not cost the answer."""
-    await asyncio.gather(rows_store(rows), rows_store(Rows(records=[stream_record(summary)])))
+    same transaction): a request id used twice must not cost the answer.
+
+    When the answer's conversation was deleted while it ran (``conversation_delete``), only the
+    record is stored, and one info line says so: nothing comes back to life. Deleted in the
+    moment between that check and the write, the writer refuses the rows (one warning line of
+    its own), and this ends in the same info line rather than a failure.
+    """
+    record = Rows(records=[stream_record(summary)])
+    if await _conversation_deleted(summary.conversation_id):
+        _answer_dropped(summary)
+        await rows_store(record)
+        return
+    stored, recorded = await asyncio.gather(
+        rows_store(rows), rows_store(record), return_exceptions=True
+    )
+    if isinstance(stored, PersistenceFailed) and await _conversation_deleted(
+        summary.conversation_id
+    ):
+        _answer_dropped(summary)
+        stored = None
+    for outcome in (stored, recorded):
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+def _answer_dropped(summary: AnswerSummary) -> None:
+    logger.info(
+        "Conversation %s was deleted while answer %s ran: its record is stored, its text is not",
+        summary.conversation_id,
+        summary.request_id,
+    )
+
+
+def _deleted_key(conversation_id: uuid.UUID) -> str:
+    return f"conversation:deleted:{conversation_id}"
+
+
+async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
+    """Whether ``conversation_delete`` deleted this conversation lately (its mark in the
+    cache). False when the cache cannot say: the writer's refusal is the last word then."""
+    key = _deleted_key(conversation_id)
+    try:
+        if cache_in_process():
+            return cache.get(key) is not None
+        return await run_db(cache.get, key) is not None
+    except Exception:
+        logger.warning("Could not tell whether conversation %s was deleted", conversation_id)
+        return False
+
+
+def conversation_title_parse(body: bytes) -> str:
+    """Validate a rename's JSON body ``{"title": str}``; the title, trimmed.
+
+    Raises ``Rejected`` (400): ``invalid_json``; ``title_invalid`` (not an object, or the title
+    not a string); ``title_missing`` (nothing left once trimmed); ``title_unreadable`` (a control
+    character, or one no database stores: ``chat_request._UNSTORABLE``); ``title_too_long``
+    (longer than ``Conversation.title``'s ``max_length``, once trimmed).
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise Rejected(errors.INVALID_JSON) from None
+    title = payload.get("title") if isinstance(payload, dict) else None
+    if not isinstance(title, str):
+        raise Rejected(errors.TITLE_INVALID)
+    title = title.strip()
+    if not title:
+        raise Rejected(errors.TITLE_MISSING)
+    if _UNSTORABLE.search(title) or any(unicodedata.category(c) == "Cc" for c in title):
+        raise Rejected(errors.TITLE_UNREADABLE)
+    limit = Conversation._meta.get_field("title").max_length
+    if limit is not None and len(title) > limit:
+        message = gettext("The title is longer than %(limit)d characters.") % {"limit": limit}
+        raise Rejected(errors.TITLE_TOO_LONG.with_message(message))
+    return title
+
+
+def _edit_admit(owner_key: str) -> None:
+    """Count a rename or a delete against the owner's rate: the chat rate, counted apart from
+    questions (``Rejected``, 429 with Retry-After, when over it)."""
+    limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
+    retry_after = rate_limit_hit(scope="conversation", key=owner_key, limit=limit, window_s=window)
+    if retry_after is not None:
+        raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
+
+
+def conversation_rename(*, owner_key: str, conversation_id: uuid.UUID, title: str) -> None:
+    """Synchronous (ORM): give the owner's conversation ``title`` (``conversation_title_parse``'s).
+    Its ``updated_at`` stays: a new answer moves a conversation up the list, a rename does not.
+
+    Raises ``Rejected`` (429) over the rate, ``ConversationNotFound`` when it is not theirs.
+    """
+    _edit_admit(owner_key)
+    renamed = Conversation.objects.filter(id=conversation_id, owner_key=owner_key).update(
+        title=title
+    )
+    if not renamed:
+        raise ConversationNotFound(str(conversation_id))
+
+
+def conversation_delete(*, owner_key: str, conversation_id: uuid.UUID) -> None:
+    """Synchronous (ORM): delete the owner's conversation and its messages.
+
+    Its stream records (``StreamRecord``) stay as they are: they are telemetry, hold no text
+    (ids, the owner's pseudonym, outcomes and timings), and the dashboard's figures count them;
+    their ``conversation_id`` and ``message_id`` (plain ids, not foreign keys) then point at
+    nothing, and a late beacon still joins its record.
+
+    An answer may still be running in it, in this worker or another: the conversation is marked
+    deleted in the cache for ``DELETED_KEEP_S``, so that when the answer ends it stores its
+    record and not its text (``answer_store``). The row is locked first (PostgreSQL; SQLite's
+    writers take turns anyway), so an answer written meanwhile is deleted with it or refused
+    after it, never left behind.
+
+    Raises ``Rejected`` (429) over the rate, ``ConversationNotFound`` when it is not theirs.
+    """
+    _edit_admit(owner_key)
+    with transaction.atomic():
+        mine = Conversation.objects.select_for_update().filter(
+            id=conversation_id, owner_key=owner_key
+        )
+        if not list(mine.values_list("id", flat=True)):
+            raise ConversationNotFound(str(conversation_id))
+        mine.delete()
+    try:
+        cache.set(_deleted_key(conversation_id), True, timeout=DELETED_KEEP_S)
+    except Exception:
+        # Deleted all the same; a running answer's rows are then refused by the writer.
+        logger.warning("Could not mark conversation %s deleted in the cache", conversation_id)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from django.conf import settings
+from django.utils.functional import Promise
 
 from assistant import sse
 
@@ -51,8 +52,9 @@ def done_frame(*, finish_reason: str, tokens: int, timings: dict[str, float | in
     )
 
 
-def error_frame(code: str, message: str) -> bytes:
-    return sse.encode_json_event({"code": code, "message": message}, event="error")
+def error_frame(code: str, message: str | Promise) -> bytes:
+    """The ``error`` event that ends a stream; ``message`` is made text in the active language."""
+    return sse.encode_json_event({"code": code, "message": str(message)}, event="error")
 
 
 def queue_frame(position: int) -> bytes:

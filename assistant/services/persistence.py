@@ -25,6 +25,7 @@ from django.db import (
     router,
     transaction,
 )
+from django.db.models import Subquery
 from django.utils import timezone
 
 from assistant import metrics
@@ -42,6 +43,9 @@ class Rows:
     messages: list[Message] = field(default_factory=list)
     #: Conversations whose ``updated_at`` moves to now (they got a new answer).
     touch: list[uuid.UUID] = field(default_factory=list)
+    #: (conversation, question): that question and every message after it are set aside
+    #: (``Message.replaced_at``) before the new messages are stored.
+    replaced: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     records: list[StreamRecord] = field(default_factory=list)
     #: The records' request ids were replaced once already (``records_renamed``).
     renamed: bool = False
@@ -110,6 +114,17 @@ def conversations_touch(ids: set[uuid.UUID]) -> None:
         cursor.execute(sql, params)
 
 
+def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID) -> None:
+    """Set aside message ``first`` of the conversation and every message after it (an edited
+    or regenerated question): kept, with the time they were replaced."""
+    since = Message.objects.filter(id=first, conversation_id=conversation_id).values("created_at")
+    Message.objects.filter(
+        conversation_id=conversation_id,
+        replaced_at__isnull=True,
+        created_at__gte=Subquery(since[:1]),
+    ).update(replaced_at=timezone.now())
+
+
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction, one statement per table."""
     with transaction.atomic():
@@ -119,6 +134,8 @@ def rows_write(batch: list[Rows]) -> None:
         records = [r for rows in batch for r in rows.records]
         if conversations:
             insert_many(Conversation, conversations)
+        for conversation_id, question_id in (pair for rows in batch for pair in rows.replaced):
+            messages_replace(conversation_id=conversation_id, first=question_id)
         if messages:
             insert_many(Message, messages)
         if touch:

@@ -2,14 +2,17 @@
 from a real Daphne."""
 
 import json
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from assistant.dashboard_strings import DASHBOARD_STRINGS
 from assistant.models import BreakerEvent, ServingState
 from tests.support import ChatClient, LiveServer, SSEReader
 
@@ -66,6 +69,53 @@ def test_staff_see_the_page_and_the_snapshot(staff: Client) -> None:
     assert snapshot["split"]["mode"] == "auto"
     assert snapshot["breaker"]["state"] == "closed"
     assert staff.get("/dashboard/api/snapshot?window=7d").status_code == 400
+
+
+ZH_BROWSER = "zh-CN,zh;q=0.9,en;q=0.8"
+STATIC = Path(__file__).resolve().parents[2] / "frontend" / "static" / "chatsite"
+
+
+def page_strings(html: str) -> dict[str, str]:
+    return json.loads(re.search(r'id="page-strings"[^>]*>(.*?)</script>', html, re.S)[1])
+
+
+def test_a_chinese_browser_gets_the_dashboard_in_chinese(staff: Client) -> None:
+    """zh-CN gets <html lang="zh-Hans">, Chinese headings, labels and window buttons, and its
+    scripts' strings in Chinese; ids, values and data hooks are the same as in English."""
+    zh = staff.get("/dashboard/", headers={"accept-language": ZH_BROWSER}).content.decode()
+    assert '<html lang="zh-Hans">' in zh
+    assert "<h1>流式仪表盘</h1>" in zh
+    assert ">熔断器</h2>" in zh and ">流量分流</h2>" in zh
+    assert '<label for="split-percent">候选路径比例（%）</label>' in zh
+    assert '<option value="force_baseline">强制使用基线</option>' in zh
+    assert 'data-window="24h"' in zh and 'title="最近 24 小时">24 小时</button>' in zh
+    strings = page_strings(zh)
+    assert strings["liveLive"] == "● 实时"
+    assert strings["splitShare"] == "{percent}% 的新对话交给 {candidate}。"
+
+    en = staff.get("/dashboard/", headers={"accept-language": "en-US"}).content.decode()
+    assert '<html lang="en">' in en
+    assert "<h1>Streaming dashboard</h1>" in en
+    assert '<label for="split-percent">Candidate share (%)</label>' in en
+    assert 'title="Last 24 hours">24h</button>' in en
+    assert page_strings(en)["liveLive"] == "● live"
+    for html in (zh, en):
+        for hook in ('id="window-5m"', 'value="force_candidate"', 'id="ratio"', 'id="live"'):
+            assert hook in html
+
+
+def test_the_dashboard_scripts_ask_only_for_strings_the_page_has() -> None:
+    """Every ``t("key")`` in the dashboard's modules is a key of DASHBOARD_STRINGS (a missing one
+    would show the key itself), and every key appears in them."""
+    text = "\n".join(
+        source.read_text()
+        for source in [STATIC / "dashboard.js", *(STATIC / "dashboard").glob("*.js")]
+    )
+    asked = set(re.findall(r'\b(?:t|textWith)\("(\w+)"', text))
+    assert asked, "no t() calls found"
+    assert asked - set(DASHBOARD_STRINGS) == set()
+    quoted = set(re.findall(r'"(\w+)"', text))
+    assert set(DASHBOARD_STRINGS) - quoted == set()
 
 
 def csrf_token(client: Client) -> str:

@@ -7,7 +7,10 @@ import re
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import translation
 
+from assistant.forms import locked_message
 from assistant.services.logins import login_failed, login_locked, login_succeeded
 from tests.support import LiveServer
 
@@ -126,3 +129,51 @@ def test_a_lockout_ends_after_its_window(settings) -> None:
     assert login_locked(username="lin", client="192.0.2.9", now=start + 61) is None
     login_succeeded(username="lin")  # clears counts, not a lockout in force
     assert login_locked(username="lin", client="192.0.2.9", now=start + 30) == 31
+
+
+ZH_BROWSER = "zh-CN,zh;q=0.9,en;q=0.8"
+
+
+def test_the_locked_message_counts_minutes_in_both_languages() -> None:
+    """One minute, several minutes (rounded up); in Chinese, one form for both."""
+    with translation.override("en"):
+        assert locked_message(60).endswith("try again in 1 minute.")
+        assert locked_message(61).endswith("try again in 2 minutes.")
+        assert locked_message(600).endswith("try again in 10 minutes.")
+    with translation.override("zh-hans"):
+        assert locked_message(60) == (
+            "这个账号或这个地址登录失败的次数太多。登录暂时被锁定：请在 1 分钟后再试。"
+        )
+        assert "请在 10 分钟后再试" in locked_message(600)
+
+
+def test_a_chinese_browser_gets_the_login_page_and_its_lockout_in_chinese(settings) -> None:
+    """Django's own admin login page, in Chinese for zh-CN; the lockout message too, with the
+    same 429 and Retry-After as in English."""
+    settings.CHATSITE_LOGIN_LIMITS = {
+        "FAILURES_PER_ACCOUNT": 2,
+        "FAILURES_PER_ADDRESS": 100,
+        "LOCKOUT_S": 600,
+    }
+    zh = Client(headers={"accept-language": ZH_BROWSER})
+    page = zh.get("/admin/login/?next=/dashboard/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert '<html lang="zh-hans"' in html
+    assert "用户名" in html and "密码" in html and 'value="登录"' in html
+    english = Client(headers={"accept-language": "en-US"}).get("/admin/login/").content.decode()
+    assert "Username" in english and 'value="Log in"' in english
+
+    for _ in range(2):
+        login_failed(username="wang", client="192.0.2.10")
+    for client, expected in (
+        (zh, "登录失败的次数太多。登录暂时被锁定：请在 10 分钟后再试。"),
+        (Client(headers={"accept-language": "en-US"}), "try again in 10 minutes."),
+    ):
+        locked = client.post(
+            "/admin/login/?next=/dashboard/",
+            {"username": "wang", "password": PASSWORD, "next": "/dashboard/"},
+        )
+        assert locked.status_code == 429
+        assert 540 <= int(locked.headers["retry-after"]) <= 600
+        assert expected in locked.content.decode()

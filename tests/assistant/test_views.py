@@ -1,5 +1,7 @@
 """The chat page and the history API (Django's test client: these are plain Django views)."""
 
+import json
+import re
 import uuid
 
 import pytest
@@ -40,6 +42,23 @@ def test_static_page_modules_and_vendored_libraries_are_served() -> None:
         response = client.get(path)
         assert response.status_code == 200, path
         assert "javascript" in response.headers["Content-Type"], path
+
+
+def test_page_can_be_pinned_on_a_phone() -> None:
+    """Every page names its icon and web app manifest (no favicon 404), and both are served
+    with their types; the manifest's icons exist."""
+    client = Client()
+    html = client.get("/").content.decode()
+    links = dict(re.findall(r'<link rel="([\w-]+)" href="([^"]+)"', html))
+    assert {"icon", "apple-touch-icon", "manifest"} <= links.keys()
+    assert client.get(links["icon"])["Content-Type"] == "image/svg+xml"
+    assert client.get(links["apple-touch-icon"])["Content-Type"] == "image/png"
+    manifest = client.get(links["manifest"])
+    assert manifest["Content-Type"] == "application/manifest+json"
+    base = links["manifest"].rsplit("/", 1)[0]
+    for icon in json.loads(b"".join(manifest.streaming_content))["icons"]:
+        response = client.get(f"{base}/{icon['src']}")
+        assert response.status_code == 200 and response["Content-Type"] == icon["type"], icon
 
 
 def test_history_lists_only_the_owners_conversations() -> None:

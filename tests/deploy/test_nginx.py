@@ -324,17 +324,25 @@ def test_gzip_would_compress_the_stream_despite_proxy_buffering_off(
 
 
 def test_static_files_served_by_nginx(site: NginxServer) -> None:
-    """Static files come from disk with JavaScript types (.mjs too), a short cache lifetime,
+    """Static files come from disk with their types (JavaScript for .mjs too, the web app
+    manifest's own), a short cache lifetime,
     nosniff once, and gzip for a client that accepts it."""
+    types = {
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".css": "text/css",
+        ".webmanifest": "application/manifest+json",
+        ".svg": "image/svg+xml",
+        ".png": "image/png",
+    }
     for path in sorted(STATIC_DIR.rglob("*")):
-        if path.suffix not in {".js", ".mjs", ".css"}:
+        if path.suffix not in types:
             continue
         url = "/static/" + path.relative_to(STATIC_DIR).as_posix()
         response = raw_post(site.port, b"", method="GET", path=url)
         try:
             assert response.status == 200, url
-            expected = "text/css" if path.suffix == ".css" else "text/javascript"
-            assert response.header("content-type") == expected, url
+            assert response.header("content-type") == types[path.suffix], url
             assert response.header("cache-control") == "max-age=300", url
             assert response.header_count("x-content-type-options") == 1, url
             # The app's middleware would have added its own headers; nginx answered alone.

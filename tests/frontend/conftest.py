@@ -4,34 +4,14 @@ Each test gets its own browser, so its own cookies and therefore its own session
 conversations on the shared Daphne server.
 """
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from assistant.benchmarking.servers import CHROMIUM_ARGS, chromium_executable
 from tests.support import LiveServer
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-
-def chromium_executable() -> str | None:
-    """A system Chromium (``CHATSITE_CHROMIUM`` or on PATH); None uses Playwright's own build."""
-    return (
-        os.environ.get("CHATSITE_CHROMIUM")
-        or shutil.which("chromium")
-        or shutil.which("chromium-browser")
-    )
 
 
 @pytest.fixture
@@ -49,17 +29,17 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def open_chat(browser: Browser, daphne: LiveServer) -> Iterator[Callable[..., Page]]:
-    """Open the chat page in a new context (keyword arguments go to ``new_context``).
+    """Open the chat page in a new context (keyword arguments go to ``new_context``; ``server``
+    serves it, the shared Daphne unless given).
 
     Uncaught exceptions in the page fail the test.
     """
     contexts = []
     errors: list[Exception] = []
 
-    def open_page(**context_args: Any) -> Page:
-        context = browser.new_context(
-            base_url=daphne.url, viewport={"width": 1100, "height": 800}, **context_args
-        )
+    def open_page(*, server: LiveServer = daphne, **context_args: Any) -> Page:
+        context_args.setdefault("viewport", {"width": 1100, "height": 800})
+        context = browser.new_context(base_url=server.url, **context_args)
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: errors.append(error))

@@ -12,11 +12,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from assistant import errors
+from tests.frontend.axe import axe_violations, format_violations
 from tests.frontend.test_chat_page import ask, wait_finished
 from tests.support import ChatClient, LiveServer, ModelHost
 
@@ -69,13 +71,17 @@ def dashboard(browser: Browser, daphne: LiveServer, staff_username: str) -> Iter
     yield from dashboard_open(browser, daphne, staff_username)
 
 
-def dashboard_open(browser: Browser, server: LiveServer, staff_username: str) -> Iterator[Page]:
-    """The dashboard, logged in as staff through /admin/login/, with its first snapshot drawn.
+def dashboard_open(
+    browser: Browser, server: LiveServer, staff_username: str, **context_args: Any
+) -> Iterator[Page]:
+    """The dashboard, logged in as staff through /admin/login/, with its first snapshot drawn
+    (keyword arguments go to ``new_context``, such as ``locale``).
 
     Uncaught exceptions in the page, and anything its Content-Security-Policy blocks, fail the
     test.
     """
-    context = browser.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000})
+    context_args.setdefault("viewport", {"width": 1400, "height": 1000})
+    context = browser.new_context(base_url=server.url, **context_args)
     context.add_init_script(CSP_VIOLATIONS)
     page = context.new_page()
     errors: list[Exception] = []
@@ -246,7 +252,7 @@ def test_a_refused_change_shows_the_servers_reason(dashboard: Page) -> None:
     page.locator("#split-save").click()
 
     status = page.locator("#split-status")
-    expect(status).to_have_text(errors.LOGIN_REQUIRED.message)
+    expect(status).to_have_text(str(errors.LOGIN_REQUIRED.message))
     expect(status).to_have_class("error")
     page.wait_for_timeout(1500)  # a snapshot or two
     expect(page.locator("#split-percent")).to_have_value("37.5")
@@ -277,3 +283,57 @@ def test_the_model_process_card_shows_its_restarts(
     finally:
         server.stop()
         host.stop()
+
+
+def test_a_chinese_browser_gets_the_dashboard_in_chinese(
+    browser: Browser,
+    daphne: LiveServer,
+    staff_username: str,
+    chat_client: ChatClient,
+    output_dir: Path,
+) -> None:
+    """zh-CN: the login page, the headings and what the scripts write (live status, badge,
+    cards, waterfall, split form, breaker log) are in Chinese; the hooks the scripts and tests
+    use are not; no serious accessibility violation."""
+    for _ in range(2):
+        assert path_of_next_chat(chat_client) in {"direct", "django"}
+    for page in dashboard_open(browser, daphne, staff_username, locale="zh-CN"):
+        expect(page.locator("html")).to_have_attribute("lang", "zh-Hans")
+        expect(page.locator("h1")).to_have_text("流式仪表盘")
+        expect(page.locator("#breaker-title")).to_have_text("熔断器")
+        expect(page.locator("#window-5m")).to_have_text("5 分钟")
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+        expect(page.locator("#live")).to_have_text("● 实时")
+        expect(page.locator("#generated-at")).to_contain_text("最近 5 分钟 · ")
+        ratio = page.locator("#ratio")
+        expect(ratio.locator(".ratio-title")).to_have_text("django 对比 direct：")
+        expect(ratio).to_contain_text("服务器 P95")
+        expect(page.locator("#path-direct .role")).to_have_text("基线")
+        expect(page.locator("#path-direct")).to_contain_text("请求数")
+        expect(page.locator("#path-direct tbody tr[data-side=client] th")).to_have_text("浏览器")
+        expect(page.locator("#breaker-state")).to_have_attribute("data-state", "closed")
+        expect(page.locator("#breaker-state")).to_have_text("闭合")
+        expect(page.locator("#split-current")).to_contain_text("的新对话交给 django。")
+        slowest = page.locator("#slowest .slow").first
+        expect(slowest.locator(".track-row").first).to_contain_text("首字")
+        expect(slowest.locator(".outcome")).to_have_text("正常")
+        expect(slowest.locator(".outcome")).to_have_attribute("data-outcome", "ok")
+        assert (
+            page.evaluate(
+                "() => Chart.getChart(document.getElementById('histogram-direct'))"
+                ".options.scales.y.title.text"
+            )
+            == "请求数"
+        )
+
+        # The split form: its answer, and the change it logged, in Chinese.
+        page.locator("#split-mode").select_option("auto")
+        page.locator("#split-save").click()
+        expect(page.locator("#split-status")).to_have_text(re.compile(r"^已于 .+ 保存。$"))
+        logged = page.locator("#breaker-events li[data-kind=split_changed]").first
+        expect(logged.locator(".kind")).to_have_text("分流已更改")
+        expect(logged.locator(".actor")).to_have_text(f"操作人：{staff_username}")
+
+        violations = axe_violations(page)
+        assert not violations, format_violations(violations)
+        page.screenshot(path=output_dir / "dashboard-zh.png", full_page=True)

@@ -1,8 +1,16 @@
-// The chat page: send a question, show the answer token by token, keep the history.
-import { marked } from "../vendor/marked/marked.esm.js";
-import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+// The chat page: send a question, show the answer as it streams, keep the history; copy an
+// answer or a code block, ask for an answer again, edit a question and send it again.
+//
+// Editing a question (or asking again) replaces it and everything after it: the old branch is
+// kept on the server, set aside, and neither shown nor given to the model again.
 import { RequestTimer } from "./beacon.js";
+import { openEditor } from "./editor.js";
+import { conversationList, cookie, getJSON } from "./history.js";
+import { LiveMarkdown, copyButton, showMarkdown } from "./markdown.js";
+import { drawerOpen, setDrawer } from "./page.js";
 import { newRequestId, streamChat } from "./stream.js";
+import { t } from "./strings.js";
+
 
 const config = document.body.dataset;
 const $ = (id) => document.getElementById(id);
@@ -14,75 +22,132 @@ const els = {
   stop: $("stop"),
   retry: $("retry"),
   status: $("status"),
-  conversations: $("conversations"),
   newChat: $("new-chat"),
+  announcer: $("announcer"),
 };
 
 let conversationId = null;
 let current = null; // the stream in flight
 let timer = null; // its measurements, reported when it ends (or the tab closes)
-let lastQuestion = null;
+let lastAsk = null; // {question, replaces} of the last question sent, for Retry
+let countdown = null; // a refused question waiting for its Retry-After: {timer}
+// Whether the view follows the answer as it grows: until the student scrolls up, and again once
+// they scroll back to the bottom.
+let following = true;
+// What each bubble says, as written (markdown for answers): what Copy and Edit use.
+const texts = new WeakMap();
 
-// Model output is untrusted: markdown is rendered by a maintained parser, then sanitised down to
-// what markdown itself produces. An answer a prompt injected must not draw controls of its own
-// (a fake "log in again" form), restyle the page, load outside images (they tell their server
-// who reads the answer) or open links that can reach back into this page.
-const MARKDOWN_TAGS = [
-  "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "code", "pre",
-  "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
-];
-const MARKDOWN_ATTRS = ["href", "title", "start", "align"];
-const LINK_SCHEMES = /^(?:https?:|mailto:)/i;
-const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-const escapeHtml = (value) => String(value).replace(/[&<>"']/g, (c) => ESCAPES[c]);
-
-marked.use({
-  renderer: {
-    // An image is shown as a link to it, never loaded.
-    image({ href, text }) {
-      return `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`;
-    },
+const history = conversationList({
+  list: $("conversations"),
+  url: config.historyUrl,
+  onOpen: (id) => {
+    setDrawer(false);
+    openConversation(id);
   },
+  onDeleted: (id) => {
+    if (id === conversationId) startOver();
+  },
+  onError: (message) => setStatus(message, "error"),
+  locked: () => Boolean(current || countdown),
 });
-DOMPurify.addHook("afterSanitizeAttributes", (node) => {
-  if (node.tagName === "A" && node.hasAttribute("href")) {
-    node.setAttribute("target", "_blank");
-    node.setAttribute("rel", "noopener noreferrer nofollow");
-  }
-});
 
-export function renderMarkdown(text) {
-  return DOMPurify.sanitize(marked.parse(text, { async: false }), {
-    ALLOWED_TAGS: MARKDOWN_TAGS,
-    ALLOWED_ATTR: MARKDOWN_ATTRS,
-    ALLOWED_URI_REGEXP: LINK_SCHEMES,
-  });
-}
-
-function cookie(name) {
-  const match = document.cookie.match(new RegExp(`(?:^|; )${name}=([^;]*)`));
-  return match ? decodeURIComponent(match[1]) : "";
-}
-
-function bubble(role, text = "", status = "") {
+function bubble(role, text = "", { status = "", id = "" } = {}) {
   const el = document.createElement("article");
   el.className = `message ${role}`;
   el.dataset.role = role;
+  if (id) el.dataset.id = id;
   const body = document.createElement("div");
   body.className = "body";
-  if (role === "assistant" && text) body.innerHTML = renderMarkdown(text);
+  if (role === "assistant" && text) showMarkdown(body, text);
   else body.textContent = text;
+  texts.set(el, text);
   el.append(body);
   if (status && status !== "complete") markStatus(el, status);
   els.messages.append(el);
-  el.scrollIntoView({ block: "end" });
+  following = true;
+  follow();
   return el;
 }
+
+// The buttons under a bubble: Copy on answers, Edit on questions the server has stored, and
+// Ask again on the last answer.
+function addActions(el) {
+  el.querySelector(".actions")?.remove();
+  const bar = document.createElement("div");
+  bar.className = "actions";
+  if (el.dataset.role === "assistant") {
+    if (texts.get(el)) bar.append(copyButton(t("copyAnswer"), () => texts.get(el)));
+    const question = el.previousElementSibling;
+    if (!el.nextElementSibling && question && question.dataset.id) {
+      bar.append(action(t("regenerate"), () => again(question, texts.get(question))));
+    }
+  } else if (el.dataset.id) {
+    bar.append(action(t("edit"), () => edit(el)));
+  }
+  if (bar.childElementCount) el.append(bar);
+}
+
+function action(label, run) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "small secondary";
+  button.textContent = label;
+  button.addEventListener("click", () => !current && !countdown && run());
+  return button;
+}
+
+function refreshActions() {
+  for (const el of els.messages.querySelectorAll(".message")) addActions(el);
+}
+
+// Send `question` again in place of `asked` (a question bubble) and everything after it.
+function again(asked, question) {
+  let next = asked;
+  while (next) {
+    const after = next.nextElementSibling;
+    next.remove();
+    next = after;
+  }
+  ask(question, { replaces: asked.dataset.id });
+}
+
+function edit(asked) {
+  openEditor(asked, {
+    text: texts.get(asked),
+    maxLength: els.prompt.maxLength,
+    onSend: (question) => !current && !countdown && again(asked, question),
+    onClose: () => {
+      addActions(asked);
+      asked.querySelector(".actions button")?.focus();
+    },
+  });
+}
+
+// Scrolled once a frame at most, when the browser lays the page out anyway: reading the height
+// after every token would force a layout of its own each time.
+let followPending = false;
+function follow() {
+  if (!following || followPending) return;
+  followPending = true;
+  requestAnimationFrame(() => {
+    followPending = false;
+    if (following) els.messages.scrollTop = els.messages.scrollHeight;
+  });
+}
+
+els.messages.addEventListener(
+  "scroll",
+  () => {
+    const { scrollTop, scrollHeight, clientHeight } = els.messages;
+    following = scrollHeight - scrollTop - clientHeight < 32;
+  },
+  { passive: true },
+);
 
 function markStatus(el, status) {
   const note = document.createElement("p");
   note.className = "note";
-  note.textContent = status === "partial" ? "Answer cut short." : "No answer was produced.";
+  note.textContent = status === "partial" ? t("answerCutShort") : t("noAnswer");
   el.dataset.status = status;
   el.append(note);
 }
@@ -96,6 +161,7 @@ function busy(on) {
   els.send.disabled = on;
   els.stop.hidden = !on;
   if (on) els.retry.hidden = true;
+  els.messages.setAttribute("aria-busy", String(on));
 }
 
 // The session behind the page expired (or the server forgot it): get a new one, quietly.
@@ -109,53 +175,63 @@ async function renewSession() {
     });
     if (response.ok) return null;
     const payload = await response.json().catch(() => null);
-    return (payload && payload.error) || { message: `The server answered ${response.status}.` };
+    return (payload && payload.error) || { message: t("serverAnswered", { status: response.status }) };
   } catch {
-    return { message: "The server could not be reached." };
+    return { message: t("unreachable") };
   }
 }
 
-async function ask(question, renewed = false) {
-  lastQuestion = question;
+async function ask(question, { renewed = false, replaces = null } = {}) {
+  lastAsk = { question, replaces };
   const asked = bubble("user", question);
   const answer = bubble("assistant");
   answer.classList.add("streaming");
+  answer.setAttribute("aria-busy", "true");
   const body = answer.querySelector(".body");
+  const live = new LiveMarkdown(body);
   let text = "";
+  let unshown = 0; // tokens received, not yet on the screen
   busy(true);
-  setStatus("Waiting for the first word…");
+  els.announcer.textContent = "";
+  setStatus(t("waitingFirstWord"));
   const requestId = newRequestId();
   answer.dataset.requestId = requestId;
   timer = new RequestTimer(requestId);
   const measured = timer;
+  // The tokens of one network read are put on the screen together, right after it (a
+  // microtask: no frame or timer is waited for), so the first token shows as soon as it comes.
+  const show = () => {
+    live.append(text.slice(live.text.length));
+    for (; unshown > 0; unshown -= 1) measured.tokenRendered();
+    follow();
+  };
+  const request = { message: question, conversation: conversationId };
+  if (replaces) request.replaces = replaces;
   current = streamChat({
     url: config.streamUrl,
     resumeUrl: config.resumeUrl,
     stopUrl: config.stopUrl,
-    body: { message: question, conversation: conversationId },
+    body: request,
     csrfToken: cookie("csrftoken"),
     requestId,
     onFirstByte: () => measured.firstByte(),
-    onReconnect: () => setStatus("Connection lost. Reconnecting…"),
+    onReconnect: () => setStatus(t("reconnecting")),
     firstByteTimeoutMs: Number(config.firstByteTimeoutMs || 5000),
     idleTimeoutMs: 2 * Number(config.pingIntervalMs || 15000),
     onEvent(event, data) {
       if (event === "meta" && data) {
         conversationId = data.conversation;
         answer.dataset.requestId = data.request_id;
+        asked.dataset.id = data.user_message;
+        answer.dataset.id = data.message;
       } else if (event === "queue" && data && !text) {
         // The embedded model answers one student at a time: say where this question stands.
-        setStatus(
-          data.position === 1
-            ? "You are next: the model is finishing another answer…"
-            : `Waiting for the model: ${data.position - 1} questions ahead of yours…`,
-        );
+        const ahead = data.position - 1;
+        setStatus(ahead <= 0 ? t("youAreNext") : ahead === 1 ? t("oneAhead") : t("manyAhead", { n: ahead }));
       } else if (event === "token" && data) {
         if (!text || els.status.textContent) setStatus("");
         text += data.text;
-        // Plain text while streaming: cheap, and safe whatever the model sends.
-        body.textContent = text;
-        measured.tokenRendered();
+        if (unshown++ === 0) queueMicrotask(show);
       }
     },
   });
@@ -169,101 +245,126 @@ async function ask(question, renewed = false) {
     const refused = await renewSession();
     if (!refused) {
       conversationId = null;
-      return ask(question, true);
+      return ask(question, { renewed: true });
     }
     busy(false);
     bubble("user", question);
-    setStatus(refused.message || "Reload the page to go on.", "error");
+    setStatus(refused.message || t("reloadToGoOn"), "error");
     els.retry.hidden = false;
     return;
   }
   measured.report(config.beaconUrl, cookie("csrftoken"), CLIENT_OUTCOME[result.outcome] || "error");
   busy(false);
   answer.classList.remove("streaming");
+  answer.removeAttribute("aria-busy");
   if (result.outcome === "done" && result.text !== undefined && !text) text = result.text;
   // Too late to resume: show what the server saved of the answer, if it has more.
   if (result.answer && typeof result.answer.content === "string") {
     if (result.answer.content.length > text.length) text = result.answer.content;
   }
-  if (text) body.innerHTML = renderMarkdown(text);
+  texts.set(answer, text);
+  // Retry asks again as a new question once this one is stored, else in its place.
+  lastAsk = { question, replaces: asked.dataset.id ? null : replaces };
+  if (text) live.finish(text);
+  else body.replaceChildren();
+  follow();
   if (result.outcome === "done") {
     setStatus("");
+    // Announced once, whole, when it is done (not token by token).
+    els.announcer.textContent = `${t("answerReady")} ${body.textContent}`;
   } else if (result.outcome === "stopped") {
     markStatus(answer, text ? "partial" : "failed");
-    setStatus("Stopped.");
+    setStatus(t("stopped"));
   } else if (result.outcome === "timeout") {
     markStatus(answer, text ? "partial" : "failed");
-    setStatus(
-      result.code === "first_byte_timeout"
-        ? "The server did not answer within 5 seconds."
-        : "The answer stalled.",
-      "error",
-    );
+    setStatus(result.code === "first_byte_timeout" ? t("noFirstByte") : t("stalled"), "error");
     els.retry.hidden = false;
+  } else if (!text && result.retryAfter != null && RETRIED_STATUSES.has(result.status)) {
+    // Refused for now (a full engine, a busy network): wait as the server asks, then ask again.
+    asked.remove();
+    answer.remove();
+    waitAndAsk(question, replaces, result.message || t("somethingWrong"), result.retryAfter);
+    return;
   } else {
     markStatus(answer, text ? "partial" : "failed");
-    setStatus(result.message || "Something went wrong.", "error");
+    const message = result.code === "stream_cut" ? t("streamCut") : result.message;
+    setStatus(message || t("somethingWrong"), "error");
     els.retry.hidden = false;
   }
-  refreshHistory();
+  refreshActions();
+  history.refresh(conversationId);
 }
 
 // How the page reports each way a request can end.
 const CLIENT_OUTCOME = { done: "ok", error: "error", stopped: "stopped", timeout: "timeout" };
+
+// Refusals that pass: the page waits for the server's Retry-After, counting down, and asks again.
+const RETRIED_STATUSES = new Set([429, 503]);
+const MAX_WAIT_S = 120;
+
+function waitAndAsk(question, replaces, message, seconds) {
+  let left = Math.min(Math.max(1, Math.ceil(seconds)), MAX_WAIT_S);
+  lastAsk = { question, replaces };
+  els.send.disabled = true;
+  els.stop.hidden = false;
+  const tick = () => {
+    if (left <= 0) {
+      countdown = null;
+      ask(question, { replaces });
+      return;
+    }
+    setStatus(t("retryingIn", { message, s: left }), "error");
+    left -= 1;
+    countdown.timer = setTimeout(tick, 1000);
+  };
+  countdown = { timer: null };
+  tick();
+}
+
+function cancelCountdown() {
+  if (!countdown) return false;
+  clearTimeout(countdown.timer);
+  countdown = null;
+  busy(false);
+  setStatus(t("stopped"));
+  els.retry.hidden = false;
+  return true;
+}
 
 // A tab closed mid-answer still reports what the student waited for.
 window.addEventListener("pagehide", () => {
   if (timer) timer.report(config.beaconUrl, cookie("csrftoken"), "abandoned");
 });
 
-async function getJSON(url) {
-  const response = await fetch(url, { credentials: "same-origin" });
-  if (!response.ok) throw new Error(`${response.status}`);
-  return response.json();
-}
-
-async function refreshHistory() {
-  try {
-    const { conversations } = await getJSON(config.historyUrl);
-    els.conversations.replaceChildren(
-      ...conversations.map((c) => {
-        const li = document.createElement("li");
-        const button = document.createElement("button");
-        button.type = "button";
-        button.textContent = c.title || "Untitled";
-        button.dataset.id = c.id;
-        if (c.id === conversationId) li.className = "active";
-        button.addEventListener("click", () => openConversation(c.id));
-        li.append(button);
-        return li;
-      }),
-    );
-  } catch {
-    // History is a convenience; the chat keeps working without it.
-  }
-}
-
 async function openConversation(id) {
-  if (current) return;
+  if (current || countdown) return;
   let messages;
   try {
     ({ messages } = await getJSON(`${config.historyUrl}/${id}`));
   } catch {
-    setStatus("That conversation could not be opened.", "error");
+    setStatus(t("cannotOpen"), "error");
     return;
   }
   setStatus("");
   els.retry.hidden = true;
   conversationId = id;
   els.messages.replaceChildren();
-  for (const m of messages) bubble(m.role, m.content, m.status);
-  refreshHistory();
+  for (const m of messages) bubble(m.role, m.content, { status: m.status, id: m.id });
+  refreshActions();
+  history.refresh(conversationId);
+}
+
+function startOver() {
+  conversationId = null;
+  els.messages.replaceChildren();
+  setStatus("");
+  els.retry.hidden = true;
 }
 
 els.form.addEventListener("submit", (event) => {
   event.preventDefault();
   const question = els.prompt.value.trim();
-  if (!question || current) return;
+  if (!question || current || countdown) return;
   els.prompt.value = "";
   ask(question);
 });
@@ -275,16 +376,27 @@ els.prompt.addEventListener("keydown", (event) => {
     els.form.requestSubmit();
   }
 });
-els.stop.addEventListener("click", () => current && current.stop());
-els.retry.addEventListener("click", () => lastQuestion && !current && ask(lastQuestion));
+const stop = () => cancelCountdown() || (current && current.stop());
+els.stop.addEventListener("click", stop);
+// Esc closes the drawer when it is open, else stops the answer coming in.
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Escape" || event.isComposing) return;
+  if (drawerOpen()) setDrawer(false);
+  else if (current || countdown) {
+    event.preventDefault();
+    stop();
+  }
+});
+els.retry.addEventListener("click", () => {
+  if (lastAsk && !current && !countdown) ask(lastAsk.question, { replaces: lastAsk.replaces });
+});
 els.newChat.addEventListener("click", () => {
-  if (current) return;
-  conversationId = null;
-  els.messages.replaceChildren();
-  setStatus("");
-  els.retry.hidden = true;
-  refreshHistory();
+  if (current || countdown) return;
+  setDrawer(false);
+  startOver();
+  els.prompt.focus();
+  history.refresh(null);
 });
 
-refreshHistory();
+history.refresh(null);
 document.body.dataset.ready = "1";

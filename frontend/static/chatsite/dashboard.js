@@ -7,6 +7,7 @@
 // This module owns the connection and the window picker; the parts of the page are drawn by the
 // modules under ./dashboard/.
 import { safeJSON } from "./stream.js";
+import { t } from "./strings.js";
 import { byId, setText } from "./dashboard/dom.js";
 import { drawEngines } from "./dashboard/engines.js";
 import { clearPaths, drawBreaker, drawPath, drawRatio } from "./dashboard/figures.js";
@@ -28,11 +29,11 @@ const STALE_AFTER_MS = 5000;
 const REOPEN_AFTER_MS = 5000;
 
 const LIVE_TEXT = {
-  connecting: "connecting…",
-  live: "● live",
-  stale: "no update for a while…",
-  reconnecting: "reconnecting…",
-  offline: "offline, retrying…",
+  connecting: t("liveConnecting"),
+  live: t("liveLive"),
+  stale: t("liveStale"),
+  reconnecting: t("liveReconnecting"),
+  offline: t("liveOffline"),
 };
 
 let currentWindow = config.window || "5m";
@@ -63,7 +64,10 @@ function draw(snapshot) {
   const label = els.windows.querySelector(`button[data-window="${CSS.escape(currentWindow)}"]`);
   setText(
     els.generatedAt,
-    `${label ? label.title : currentWindow} · updated ${fmtClock(snapshot.generated_at)}`,
+    t("updatedAt", {
+      window: label ? label.title : currentWindow,
+      time: fmtClock(snapshot.generated_at),
+    }),
   );
   const range = binRange(snapshot.histogram);
   for (const name of names) {

@@ -1,66 +1,70 @@
 // Reading a chat answer as Server-Sent Events over fetch + ReadableStream.
 //
 // EventSource cannot POST or send headers, so the page reads the stream itself: an incremental
-// parser that follows the WHATWG grammar (events split across chunks, several events in one
-// chunk, CRLF/CR/LF line ends, multi-line data joined with "\n", comments ignored but counted as
-// liveness), and two watchdogs: no first byte within 5 s aborts, and after the first byte only
-// silence longer than twice the server's ping interval does. A healthy long answer is never cut.
+// parser that follows the WHATWG "event stream interpretation" (events split across chunks,
+// several events in one chunk, CRLF/CR/LF line ends, multi-line data joined with "\n", comments
+// ignored but counted as liveness), and two watchdogs: no first byte within 5 s aborts, and
+// after the first byte only silence longer than twice the server's ping interval does. A
+// healthy long answer is never cut.
 
+// https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation
+// Feed it decoded text with push(); it calls onEvent({event, data, id}) for each event, where
+// `id` is the last event ID ("" until the stream sets one). `retry` holds the last valid retry
+// field, also passed to onRetry. A block still open when the stream ends is never dispatched,
+// as the spec discards it: there is nothing to flush.
 export class SSEParser {
-  constructor(onEvent) {
+  constructor(onEvent, onRetry = () => {}) {
     this.onEvent = onEvent;
-    this.buffer = "";
-    this.reset();
-  }
-
-  reset() {
-    this.data = [];
+    this.onRetry = onRetry;
+    this.retry = null;
+    this.lastEventId = ""; // not reset by a dispatch: it holds until the stream sets another
+    this.data = "";
     this.event = "";
-    this.id = null;
+    this.pending = ""; // the incomplete line the last chunk ended with
+    this.started = false;
+    this.afterCR = false;
   }
 
-  // Feed decoded text; calls onEvent({event, data, id}) for each complete event.
   push(text) {
-    this.buffer += text;
-    let start = 0;
-    for (;;) {
-      const lf = this.buffer.indexOf("\n", start);
-      const cr = this.buffer.indexOf("\r", start);
-      let end = -1;
-      let next = -1;
-      if (cr !== -1 && (lf === -1 || cr < lf)) {
-        // A CR at the very end may be the first half of a CRLF still in flight.
-        if (cr === this.buffer.length - 1) break;
-        end = cr;
-        next = this.buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
-      } else if (lf !== -1) {
-        end = lf;
-        next = lf + 1;
-      } else {
-        break;
-      }
-      this.line(this.buffer.slice(start, end));
-      start = next;
-    }
-    this.buffer = this.buffer.slice(start);
+    if (!text) return;
+    // The spec's UTF-8 decode drops one BOM at the start of the stream (streamChat's decoder
+    // keeps it, so that exactly one is dropped); a later one is part of a field name.
+    if (!this.started && text[0] === "\uFEFF") text = text.slice(1);
+    this.started = true;
+    // A CR ending the last chunk was handled as a line end at once; a LF opening this one is
+    // the rest of that CRLF, not a blank line.
+    if (this.afterCR && text[0] === "\n") text = text.slice(1);
+    this.afterCR = text.endsWith("\r");
+    const lines = text.split(/\r\n|\r|\n/);
+    lines[0] = this.pending + lines[0];
+    this.pending = lines.pop();
+    for (const line of lines) this.processLine(line);
   }
 
-  line(line) {
-    if (line === "") {
-      if (this.data.length) {
-        this.onEvent({ event: this.event || "message", data: this.data.join("\n"), id: this.id });
-      }
-      this.reset();
-      return;
-    }
-    if (line[0] === ":") return;
+  processLine(line) {
+    if (line === "") return this.dispatch();
+    if (line[0] === ":") return; // a comment
     const colon = line.indexOf(":");
     const field = colon === -1 ? line : line.slice(0, colon);
     let value = colon === -1 ? "" : line.slice(colon + 1);
-    if (value[0] === " ") value = value.slice(1);
-    if (field === "data") this.data.push(value);
+    if (value[0] === " ") value = value.slice(1); // one space only
+    if (field === "data") this.data += value + "\n";
     else if (field === "event") this.event = value;
-    else if (field === "id" && !value.includes("\0")) this.id = value;
+    else if (field === "id" && !value.includes("\0")) this.lastEventId = value;
+    else if (field === "retry" && /^[0-9]+$/.test(value)) {
+      this.retry = Number(value);
+      this.onRetry(this.retry);
+    }
+    // Any other field is ignored.
+  }
+
+  dispatch() {
+    const { data, event } = this;
+    this.data = "";
+    this.event = "";
+    // A block without data lines (only an id, say) dispatches nothing.
+    if (data === "") return;
+    this.onEvent({ event: event || "message", data: data.slice(0, -1), id: this.lastEventId });
   }
 }
 
@@ -149,7 +153,8 @@ export function streamChat({
       return plainResponse(response);
     }
     const reader = response.body.getReader();
-    const decoder = new TextDecoder("utf-8");
+    // ignoreBOM: the parser drops the stream's one leading BOM itself, as the spec does.
+    const decoder = new TextDecoder("utf-8", { ignoreBOM: true });
     let result = { outcome: "failed", code: "stream_cut", message: "The answer stopped early." };
     const parser = new SSEParser((event) => {
       const data = safeJSON(event.data);
@@ -223,10 +228,24 @@ async function plainResponse(response) {
       message: error.message || `The server answered ${response.status}.`,
       // A resume that came too late: what the server saved of the answer, if anything.
       answer: payload && payload.answer ? payload.answer : null,
+      // How long the server asks us to wait (429, 503), for the page's countdown.
+      retryAfter: retryAfterSeconds(response.headers.get("Retry-After")),
     };
   }
   const text = payload && (payload.text || payload.message);
   return { outcome: "done", text: typeof text === "string" ? text : "" };
+}
+
+// A Retry-After value in seconds from now: delay-seconds as given, an HTTP-date counted from
+// `now` (0 once past); null when absent or neither. Every HTTP-date form has an hh:mm:ss time,
+// which is required because Date.parse alone would also take "1.5" or "-5" as dates; the
+// asctime form names no zone but means GMT, which Date.parse would not assume.
+export function retryAfterSeconds(value, now = Date.now()) {
+  const text = (value || "").trim();
+  if (/^[0-9]+$/.test(text)) return Number(text);
+  if (!/\d\d:\d\d:\d\d/.test(text)) return null;
+  const date = Date.parse(text.endsWith("GMT") ? text : `${text} GMT`);
+  return Number.isNaN(date) ? null : Math.max(0, Math.ceil((date - now) / 1000));
 }
 
 export function safeJSON(text) {

@@ -446,7 +446,9 @@ async def test_give_up_ends_with_an_error_event_saying_why(harness: Harness) -> 
     assert_meta(frames[1], answer, path="direct")
     assert_tokens(frames[2:4], default_tokens(2))
     assert frames[4:] == [
-        Frame("error", {"code": "fair_share", "message": errors.GIVEN_UP["fair_share"].message})
+        Frame(
+            "error", {"code": "fair_share", "message": str(errors.GIVEN_UP["fair_share"].message)}
+        )
     ]
     # The error event is kept for a resume too.
     found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)

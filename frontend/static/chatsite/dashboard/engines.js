@@ -1,9 +1,14 @@
 // The model processes the serving paths use (the embedded model's, one per host): whether each
 // is answering, how often it has been restarted and how it last ended.
+import { t } from "../strings.js";
 import { byId, el, setText } from "./dom.js";
 import { fmtAgo, fmtClock, fmtCount } from "./format.js";
 
-const STATE_TEXT = { up: "answering", starting: "loading", down: "restarting" };
+const STATE_TEXT = {
+  up: t("engineAnswering"),
+  starting: t("engineLoading"),
+  down: t("engineRestarting"),
+};
 
 const els = { card: byId("engines-card"), list: byId("engines") };
 let drawn = "";
@@ -18,15 +23,23 @@ export function drawEngines(engines, now) {
   const rows = entries.flatMap(([alias, e]) => {
     const state = STATE_TEXT[e.state] || e.state || "–";
     const lines = [
-      ...row(`${alias}: state`, e.code && e.state !== "up" ? `${state} (${e.code})` : state),
-      ...row("Restarts", fmtCount(e.restarts)),
+      ...row(
+        t("engineState", { alias }),
+        e.code && e.state !== "up" ? `${state} (${e.code})` : state,
+      ),
+      ...row(t("engineRestarts"), fmtCount(e.restarts)),
     ];
-    if (e.since) lines.push(...row("Up since", `${fmtClock(e.since)} (${fmtAgo(e.since, now)})`));
-    if (e.last_exit) {
-      const when = e.last_exit_at ? ` at ${fmtClock(e.last_exit_at)}` : "";
-      lines.push(...row("Last ended", `${e.last_exit}${when}`));
+    if (e.since) {
+      const since = t("timeAgo", { time: fmtClock(e.since), ago: fmtAgo(e.since, now) });
+      lines.push(...row(t("engineUpSince"), since));
     }
-    if (e.state === "up") lines.push(...row("Requests now", fmtCount(e.active)));
+    if (e.last_exit) {
+      const ended = e.last_exit_at
+        ? t("engineEndedAt", { exit: e.last_exit, time: fmtClock(e.last_exit_at) })
+        : e.last_exit;
+      lines.push(...row(t("engineLastEnded"), ended));
+    }
+    if (e.state === "up") lines.push(...row(t("engineRequestsNow"), fmtCount(e.active)));
     return lines;
   });
   const key = JSON.stringify(rows.map((node) => node.textContent));

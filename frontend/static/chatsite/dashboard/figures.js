@@ -1,17 +1,30 @@
 // The figures drawn as text: a card per path, the candidate-against-baseline badge, and the
 // circuit breaker's state, settings and event log.
-import { byId, el, setText } from "./dom.js";
+import { t } from "../strings.js";
+import { byId, el, setText, textWith } from "./dom.js";
 import {
   BREAKER_TEXT,
+  ROLE_TEXT,
   fmtAgo,
   fmtClock,
   fmtCount,
   fmtMs,
+  fmtPercent,
   fmtPoints,
   fmtRate,
   fmtRatio,
+  fmtSeconds,
   isNum,
 } from "./format.js";
+
+// The breaker log's kinds of event (codes) as words.
+const EVENT_TEXT = {
+  tripped: t("eventTripped"),
+  half_open: t("eventHalfOpen"),
+  closed: t("eventClosed"),
+  reopened: t("eventReopened"),
+  split_changed: t("eventSplitChanged"),
+};
 
 // Used only when a snapshot carries no breaker config of its own.
 const DEFAULT_P95_RATIO = 1.2;
@@ -61,29 +74,35 @@ function buildCard(name) {
   };
   const kpis = el("div", "kpis");
   kpis.append(
-    kpi("Requests", statCell("requests", "kpi-value")),
-    kpi("Errors", statCell("error_rate", "kpi-value"), detail([statCell("errors"), " failed"])),
+    kpi(t("kpiRequests"), statCell("requests", "kpi-value")),
     kpi(
-      "Abandoned",
-      statCell("abandon_rate", "kpi-value"),
-      detail([statCell("abandoned"), " left early"]),
+      t("kpiErrors"),
+      statCell("error_rate", "kpi-value"),
+      detail(textWith("kpiFailed", { n: statCell("errors") })),
     ),
     kpi(
-      "Tokens arrived in bursts",
+      t("kpiAbandoned"),
+      statCell("abandon_rate", "kpi-value"),
+      detail(textWith("kpiLeftEarly", { n: statCell("abandoned") })),
+    ),
+    kpi(
+      t("kpiBursts"),
       statCell("buffered", "kpi-value"),
-      detail(["of ", statCell("buffered_checked"), " checked"]),
+      detail(textWith("kpiChecked", { n: statCell("buffered_checked") })),
     ),
   );
 
   const table = el("table", "ttft");
   const head = el("tr");
-  for (const text of ["TTFT", "P50", "P95", "P99", "n"]) head.append(el("th", "", text));
+  for (const text of [t("colTtft"), "P50", "P95", "P99", t("colCount")]) {
+    head.append(el("th", "", text));
+  }
   const thead = el("thead");
   thead.append(head);
   const tbody = el("tbody");
   for (const [side, text] of [
-    ["server", "server"],
-    ["client", "browser"],
+    ["server", t("server")],
+    ["client", t("browser")],
   ]) {
     const row = el("tr");
     row.dataset.side = side;
@@ -110,8 +129,8 @@ function buildCard(name) {
 export function drawPath(name, stats) {
   const card = cards.get(name) || buildCard(name);
   card.root.dataset.role = stats.role || "";
-  setText(card.role, stats.role || "");
-  setText(card.engine, stats.engine ? `engine: ${stats.engine}` : "");
+  setText(card.role, ROLE_TEXT[stats.role] || stats.role || "");
+  setText(card.engine, stats.engine ? t("engineName", { engine: stats.engine }) : "");
   const s = card.stats;
   setText(s.requests, fmtCount(stats.requests));
   setText(s.errors, fmtCount(stats.errors));
@@ -149,21 +168,30 @@ export function drawRatio(snapshot) {
   const ratio = snapshot.ratio || {};
   const limit = limits(snapshot.breaker);
   const parts = [
-    ["server_p95", "server P95", fmtRatio(ratio.server_p95), ratio.server_p95 > limit.p95],
-    ["client_p95", "browser P95", fmtRatio(ratio.client_p95), ratio.client_p95 > limit.p95],
+    ["server_p95", t("ratioServerP95"), fmtRatio(ratio.server_p95), ratio.server_p95 > limit.p95],
+    ["client_p95", t("ratioBrowserP95"), fmtRatio(ratio.client_p95), ratio.client_p95 > limit.p95],
     [
       "error_rate_points",
-      "errors",
+      t("ratioErrors"),
       fmtPoints(ratio.error_rate_points),
       ratio.error_rate_points > limit.points,
     ],
   ];
   const warn = ratio.server_p95 > limit.p95 || ratio.error_rate_points > limit.points;
   els.ratio.dataset.warn = String(warn);
-  els.ratio.title =
-    `Candidate (${snapshot.candidate}) against baseline (${snapshot.baseline}); warning above ` +
-    `×${limit.p95} server P95 or ${fmtPoints(limit.points)} error rate.`;
-  const children = [el("span", "ratio-title", `${snapshot.candidate} vs ${snapshot.baseline}:`)];
+  els.ratio.title = t("ratioTitle", {
+    candidate: snapshot.candidate,
+    baseline: snapshot.baseline,
+    p95: limit.p95,
+    points: fmtPoints(limit.points),
+  });
+  const children = [
+    el(
+      "span",
+      "ratio-title",
+      t("ratioHeading", { candidate: snapshot.candidate, baseline: snapshot.baseline }),
+    ),
+  ];
   for (const [key, text, value, over] of parts) {
     const part = el("span", over ? "ratio-part over" : "ratio-part");
     const figure = el("b", "", value);
@@ -181,17 +209,23 @@ export function drawBreaker(breaker, now) {
   const state = b.state || "";
   els.breakerState.dataset.state = state;
   setText(els.breakerState, BREAKER_TEXT[state] || state || "–");
-  setText(els.breakerSince, b.since ? `since ${fmtClock(b.since)} (${fmtAgo(b.since, now)})` : "");
+  setText(
+    els.breakerSince,
+    b.since ? t("sinceAgo", { time: fmtClock(b.since), ago: fmtAgo(b.since, now) }) : "",
+  );
 
   const c = b.config || {};
+  const tripsAbove = isNum(c.p95_ratio) ? t("cfgTripsAboveValue", { ratio: c.p95_ratio }) : "–";
   const rows = [
-    ["Window", isNum(c.window_s) ? `${c.window_s} s` : "–"],
-    ["Minimum samples", fmtCount(c.min_samples)],
-    ["Trips above", isNum(c.p95_ratio) ? `×${c.p95_ratio} baseline P95` : "–"],
-    ["Error margin", isNum(c.error_margin) ? `${fmtPoints(c.error_margin * 100)}` : "–"],
-    ["Cooldown", isNum(c.cooldown_s) ? `${c.cooldown_s} s` : "–"],
+    [t("cfgWindow"), isNum(c.window_s) ? fmtSeconds(c.window_s) : "–"],
+    [t("cfgMinSamples"), fmtCount(c.min_samples)],
+    [t("cfgTripsAbove"), tripsAbove],
+    [t("cfgErrorMargin"), isNum(c.error_margin) ? `${fmtPoints(c.error_margin * 100)}` : "–"],
+    [t("cfgCooldown"), isNum(c.cooldown_s) ? fmtSeconds(c.cooldown_s) : "–"],
   ];
-  if (isNum(c.half_open_percent)) rows.push(["Share while half open", `${c.half_open_percent} %`]);
+  if (isNum(c.half_open_percent)) {
+    rows.push([t("cfgHalfOpenShare"), fmtPercent(c.half_open_percent)]);
+  }
   const key = JSON.stringify(rows);
   if (els.breakerConfig.dataset.key !== key) {
     els.breakerConfig.dataset.key = key;
@@ -206,7 +240,7 @@ export function drawBreaker(breaker, now) {
   drawnEvents = eventsKey;
   events.sort((x, y) => (Date.parse(y.at) || 0) - (Date.parse(x.at) || 0));
   if (!events.length) {
-    els.breakerEvents.replaceChildren(el("li", "empty", "Nothing has happened yet."));
+    els.breakerEvents.replaceChildren(el("li", "empty", t("noEvents")));
     return;
   }
   els.breakerEvents.replaceChildren(
@@ -216,12 +250,14 @@ export function drawBreaker(breaker, now) {
       const head = el("div", "event-head");
       const when = el("time", "", fmtClock(e.at));
       if (e.at) when.dateTime = e.at;
-      const kind = el("span", "kind", (e.kind || "event").replaceAll("_", " "));
+      const kindText = EVENT_TEXT[e.kind] || (e.kind || t("eventFallback")).replaceAll("_", " ");
+      const kind = el("span", "kind", kindText);
       head.append(when, " ", kind);
       if (e.breaker && e.breaker !== e.kind) {
-        head.append(" → breaker ", el("span", "to", BREAKER_TEXT[e.breaker] || e.breaker));
+        const to = el("span", "to", BREAKER_TEXT[e.breaker] || e.breaker);
+        head.append(" ", ...textWith("eventToBreaker", { state: to }));
       }
-      if (e.actor) head.append(" ", el("span", "actor", `by ${e.actor}`));
+      if (e.actor) head.append(" ", el("span", "actor", t("eventBy", { actor: e.actor })));
       li.append(head);
       if (e.message) li.append(el("p", "message", e.message));
       return li;

@@ -1,8 +1,17 @@
 // How the dashboard writes numbers, times and states. A missing or non-finite value shows "–".
+// Words and units come from the page's strings (its language); ms and s stay SI symbols.
+import { t } from "../strings.js";
 
 export const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 
-export const BREAKER_TEXT = { closed: "closed", open: "open", half_open: "half open" };
+// The breaker's states (codes, as the server sends them) as words.
+export const BREAKER_TEXT = {
+  closed: t("breakerClosed"),
+  open: t("breakerOpen"),
+  half_open: t("breakerHalfOpen"),
+};
+// A path's role (codes, as sent) as a word.
+export const ROLE_TEXT = { baseline: t("roleBaseline"), candidate: t("roleCandidate") };
 
 export function fmtMs(v) {
   if (!isNum(v)) return "–";
@@ -17,15 +26,18 @@ export function fmtEdge(v) {
   return `${+v.toFixed(v < 10 ? 1 : 0)}`;
 }
 
-export const fmtRate = (v) => (isNum(v) ? `${(v * 100).toFixed(1)} %` : "–");
+export const fmtPercent = (v) => t("percent", { n: v });
+export const fmtSeconds = (v) => t("seconds", { n: v });
+export const fmtRate = (v) => (isNum(v) ? fmtPercent((v * 100).toFixed(1)) : "–");
 export const fmtCount = (v) => (isNum(v) ? String(v) : "–");
 export const fmtRatio = (v) => (isNum(v) ? `×${v.toFixed(2)}` : "–");
 export const fmtPoints = (v) =>
-  isNum(v) ? `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)} pts` : "–";
+  isNum(v) ? t("points", { n: `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)}` }) : "–";
 
 export function fmtClock(iso) {
   const d = iso ? new Date(iso) : null;
-  return d && !Number.isNaN(d.getTime()) ? d.toLocaleTimeString([], { hour12: false }) : "–";
+  if (!d || Number.isNaN(d.getTime())) return "–";
+  return d.toLocaleTimeString(document.documentElement.lang || [], { hour12: false });
 }
 
 // How long before `nowIso` (the snapshot's own clock, else the browser's) `iso` was.
@@ -34,7 +46,7 @@ export function fmtAgo(iso, nowIso) {
   const now = nowIso ? Date.parse(nowIso) : Date.now();
   if (Number.isNaN(then) || Number.isNaN(now)) return "";
   const s = Math.max(0, Math.round((now - then) / 1000));
-  if (s < 90) return `${s} s ago`;
-  if (s < 90 * 60) return `${Math.round(s / 60)} min ago`;
-  return `${(s / 3600).toFixed(1)} h ago`;
+  if (s < 90) return t("secondsAgo", { n: s });
+  if (s < 90 * 60) return t("minutesAgo", { n: Math.round(s / 60) });
+  return t("hoursAgo", { n: (s / 3600).toFixed(1) });
 }

@@ -3,8 +3,9 @@
 // Every chart shows the same range of bins (see binRange) so that the paths line up; a chart is
 // built once per path and afterwards only its data changes.
 import "../../vendor/chartjs/chart.umd.js";
+import { t } from "../strings.js";
 import { byId, el, setText } from "./dom.js";
-import { fmtEdge, fmtMs } from "./format.js";
+import { ROLE_TEXT, fmtEdge, fmtMs } from "./format.js";
 
 // The UMD build registers itself on the global object when loaded as a module.
 const { Chart } = globalThis;
@@ -83,7 +84,7 @@ function buildChart(name) {
   const canvas = el("canvas");
   canvas.id = `histogram-${name}`;
   canvas.setAttribute("role", "img");
-  canvas.setAttribute("aria-label", `Time to first token histogram, ${name}`);
+  canvas.setAttribute("aria-label", t("histogramLabel", { name }));
   box.append(canvas);
   figure.append(caption, box);
   container.append(figure);
@@ -96,8 +97,8 @@ function buildChart(name) {
     data: {
       labels: [],
       datasets: [
-        { label: "browser", data: [], backgroundColor: COLORS.client },
-        { label: "server", data: [], backgroundColor: COLORS.server },
+        { label: t("browser"), data: [], backgroundColor: COLORS.client },
+        { label: t("server"), data: [], backgroundColor: COLORS.server },
       ],
     },
     options: {
@@ -108,7 +109,7 @@ function buildChart(name) {
       scales: {
         x: {
           grid: { display: false },
-          title: { display: true, text: "time to first token (bin start)" },
+          title: { display: true, text: t("histogramX") },
           ticks: {
             autoSkip: false,
             maxRotation: 0,
@@ -117,7 +118,7 @@ function buildChart(name) {
         },
         y: {
           beginAtZero: true,
-          title: { display: true, text: "requests" },
+          title: { display: true, text: t("histogramY") },
           ticks: { precision: 0 },
         },
       },
@@ -152,11 +153,11 @@ export function drawHistogram(name, stats, histogram, range) {
   const server = counts.server || [];
   const sum = (xs) => xs.reduce((a, b) => a + (b || 0), 0);
   chart.data.datasets[0].data = client.slice(start, end);
-  chart.data.datasets[0].label = `browser (${sum(client)})`;
+  chart.data.datasets[0].label = t("histogramBrowser", { n: sum(client) });
   chart.data.datasets[1].data = server.slice(start, end);
-  chart.data.datasets[1].label = `server (${sum(server)})`;
+  chart.data.datasets[1].label = t("histogramServer", { n: sum(server) });
   chart.update("none");
-  const role = stats.role ? ` (${stats.role})` : "";
+  const role = stats.role ? ` (${ROLE_TEXT[stats.role] || stats.role})` : "";
   setText(entry.caption, `${name}${role}${stats.engine ? ` · ${stats.engine}` : ""}`);
 }
 

@@ -3,6 +3,7 @@
 // Snapshots refresh the summary every second but never overwrite a form being edited; Apply
 // POSTs JSON to the page's data-split-url with the CSRF token and shows the server's answer.
 import { safeJSON } from "../stream.js";
+import { t } from "../strings.js";
 import { byId, setText } from "./dom.js";
 import { BREAKER_TEXT, fmtClock, isNum } from "./format.js";
 
@@ -16,6 +17,9 @@ const els = {
   status: byId("split-status"),
 };
 
+// Where the share comes from (codes, as sent) in words.
+const SOURCE_TEXT = { dashboard: t("sourceDashboard"), settings: t("sourceSettings") };
+
 let dirty = false;
 // What the latest snapshot said: the split and the names of the two paths.
 let shown = { split: null, candidate: undefined, baseline: undefined };
@@ -26,22 +30,31 @@ function cookie(name) {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
+// One sentence after another: a space after a Latin full stop, none after a Chinese one.
+const andThen = (text, sentence) => (/[。！？]$/.test(text) ? text + sentence : `${text} ${sentence}`);
+
 function splitSummary(split, candidate, baseline) {
-  if (!split) return "No split reported.";
+  if (!split) return t("splitNone");
   const mode = split.mode || "auto";
   let text;
-  if (mode === "force_candidate") text = `Every new chat goes to the candidate (${candidate}).`;
-  else if (mode === "force_baseline") text = `Every new chat goes to the baseline (${baseline}).`;
-  else text = `${isNum(split.percent) ? split.percent : "–"} % of new chats go to ${candidate}.`;
+  if (mode === "force_candidate") text = t("splitAllCandidate", { candidate });
+  else if (mode === "force_baseline") text = t("splitAllBaseline", { baseline });
+  else text = t("splitShare", { percent: isNum(split.percent) ? split.percent : "–", candidate });
   const effective = split.effective_percent;
   if (mode === "auto" && isNum(effective) && effective !== split.percent) {
     const breaker = BREAKER_TEXT[split.breaker] || split.breaker;
-    text += ` In effect now: ${effective} %${breaker ? ` (breaker ${breaker})` : ""}.`;
+    const key = breaker ? "splitInEffectBreaker" : "splitInEffect";
+    text = andThen(text, t(key, { percent: effective, breaker }));
   }
-  const who = split.updated_by ? ` by ${split.updated_by}` : "";
-  const when = split.updated_at ? ` at ${fmtClock(split.updated_at)}` : "";
-  if (who || when) text += ` Changed${who}${when}.`;
-  if (split.percent_source) text += ` Share from: ${split.percent_source}.`;
+  const who = split.updated_by;
+  const time = split.updated_at ? fmtClock(split.updated_at) : "";
+  if (who && time) text = andThen(text, t("splitChangedByAt", { who, time }));
+  else if (who) text = andThen(text, t("splitChangedBy", { who }));
+  else if (time) text = andThen(text, t("splitChangedAt", { time }));
+  if (split.percent_source) {
+    const source = SOURCE_TEXT[split.percent_source] || split.percent_source;
+    text = andThen(text, t("splitShareFrom", { source }));
+  }
   return text;
 }
 
@@ -74,12 +87,12 @@ async function submit(event) {
   event.preventDefault();
   const percent = Number(els.percent.value);
   if (els.percent.value.trim() === "" || !(percent >= 0 && percent <= 100)) {
-    setStatus("Enter a share between 0 and 100.", "error");
+    setStatus(t("splitEnterShare"), "error");
     return;
   }
   const mode = els.mode.value;
   els.save.disabled = true;
-  setStatus("Saving…");
+  setStatus(t("splitSaving"));
   let response;
   let payload;
   try {
@@ -91,20 +104,20 @@ async function submit(event) {
     });
     payload = safeJSON(await response.text());
   } catch {
-    setStatus("Could not reach the server. Nothing was changed.", "error");
+    setStatus(t("splitUnreachable"), "error");
     return;
   } finally {
     els.save.disabled = false;
   }
   if (!response.ok || !payload || !payload.split) {
     const error = (payload && payload.error) || {};
-    setStatus(error.message || `The server answered ${response.status}.`, "error");
+    setStatus(error.message || t("serverAnswered", { status: response.status }), "error");
     return;
   }
   dirty = false;
   fillForm(payload.split);
   setText(els.current, splitSummary(payload.split, shown.candidate, shown.baseline));
-  setStatus(`Saved at ${fmtClock(new Date().toISOString())}.`, "ok");
+  setStatus(t("splitSavedAt", { time: fmtClock(new Date().toISOString()) }), "ok");
 }
 
 // Wire the form: Apply submits, Discard goes back to what the latest snapshot said.

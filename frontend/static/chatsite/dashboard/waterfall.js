@@ -1,26 +1,41 @@
 // The slowest recent requests: one row each, with the server's and the browser's stages drawn
 // as bars on one time scale shared by every row.
+import { t } from "../strings.js";
 import { byId, el } from "./dom.js";
 import { fmtClock, fmtMs, isNum } from "./format.js";
 
 // [time key, segment class, label]: each stage runs from the previous key's time to its own.
 const SERVER_STAGES = [
-  ["parsed", "s-parse", "received → parsed"],
-  ["engine_submitted", "s-submit", "parsed → engine submit"],
-  ["engine_first_token", "s-engine", "engine submit → first token"],
-  ["first_token_sent", "s-send", "first token → sent"],
-  ["finished", "s-stream", "sent → finished"],
+  ["parsed", "s-parse", t("stageParse")],
+  ["engine_submitted", "s-submit", t("stageSubmit")],
+  ["engine_first_token", "s-engine", t("stageEngine")],
+  ["first_token_sent", "s-send", t("stageSend")],
+  ["finished", "s-stream", t("stageStream")],
 ];
 const CLIENT_STAGES = [
-  ["ttfb", "c-ttfb", "fetch → first byte"],
-  ["ttft", "c-ttft", "first byte → first token shown"],
-  ["done", "c-done", "first token → done"],
+  ["ttfb", "c-ttfb", t("stageTtfb")],
+  ["ttft", "c-ttft", t("stageTtft")],
+  ["done", "c-done", t("stageDone")],
 ];
 // A browser that never saw a token reports how long it waited instead.
 const CLIENT_GAVE_UP = [
-  ["ttfb", "c-ttfb", "fetch → first byte"],
-  ["waited", "c-wait", "waited, no token"],
+  ["ttfb", "c-ttfb", t("stageTtfb")],
+  ["waited", "c-wait", t("stageWaited")],
 ];
+// How requests ended (codes: the server's outcomes, then the browser's) as words.
+const OUTCOME_TEXT = {
+  ok: t("outcomeOk"),
+  client_abort: t("outcomeClientAbort"),
+  engine_error: t("outcomeEngineError"),
+  timeout: t("outcomeTimeout"),
+  server_error: t("outcomeServerError"),
+  slow_client: t("outcomeSlowClient"),
+  given_up: t("outcomeGivenUp"),
+  error: t("outcomeError"),
+  stopped: t("outcomeStopped"),
+  abandoned: t("outcomeAbandoned"),
+};
+const outcomeText = (code) => OUTCOME_TEXT[code] || code;
 
 const container = byId("slowest");
 let drawnKey = "";
@@ -44,7 +59,7 @@ function track(kind, times, stages, top) {
     seg.dataset.stage = key;
     seg.style.left = `${(Math.max(0, start) / top) * 100}%`;
     seg.style.width = `${(Math.max(0, end - start) / top) * 100}%`;
-    seg.title = `${label}: ${fmtMs(end - start)} (at ${fmtMs(end)})`;
+    seg.title = t("stageTitle", { label, duration: fmtMs(end - start), end: fmtMs(end) });
     bar.append(seg);
     start = end;
   }
@@ -76,45 +91,46 @@ function requestItem(r, top) {
   const meta = el("div", "slow-meta");
   const id = el("code", "rid", String(r.request_id || "").slice(0, 12));
   id.title = String(r.request_id || "");
-  const outcome = el("span", "outcome", r.outcome || "?");
+  const outcome = el("span", "outcome", outcomeText(r.outcome) || "?");
   outcome.dataset.outcome = r.outcome || "";
   meta.append(id, el("span", "tag", r.path || "?"), el("span", "muted", r.engine || ""), outcome);
   if (r.client_outcome && r.client_outcome !== r.outcome) {
-    meta.append(el("span", "muted", `browser: ${r.client_outcome}`));
+    const browserOutcome = t("browserOutcome", { outcome: outcomeText(r.client_outcome) });
+    meta.append(el("span", "muted", browserOutcome));
   }
-  if (isNum(r.tokens)) meta.append(el("span", "muted", `${r.tokens} tokens`));
-  if (r.buffered) meta.append(el("span", "bursty", "tokens in bursts"));
+  if (isNum(r.tokens)) meta.append(el("span", "muted", t("tokens", { n: r.tokens })));
+  if (r.buffered) meta.append(el("span", "bursty", t("tokensInBursts")));
   meta.append(el("time", "muted", fmtClock(r.at)));
   item.append(meta);
 
   const server = r.server || {};
   item.append(
     trackRow(
-      "server",
+      t("server"),
       track("server", server, SERVER_STAGES, top),
-      `first token ${fmtMs(server.first_token_sent)} · end ${fmtMs(server.finished)}`,
+      t("trackSummary", { ttft: fmtMs(server.first_token_sent), end: fmtMs(server.finished) }),
     ),
   );
   if (r.client && !isNum(r.client.ttft) && isNum(r.client.waited)) {
     item.append(
       trackRow(
-        "browser",
+        t("browser"),
         track("client", r.client, CLIENT_GAVE_UP, top),
-        `no token · waited ${fmtMs(r.client.waited)}`,
+        t("noTokenWaited", { waited: fmtMs(r.client.waited) }),
       ),
     );
   } else if (r.client) {
     item.append(
       trackRow(
-        "browser",
+        t("browser"),
         track("client", r.client, CLIENT_STAGES, top),
-        `first token ${fmtMs(r.client.ttft)} · end ${fmtMs(r.client.done)}`,
+        t("trackSummary", { ttft: fmtMs(r.client.ttft), end: fmtMs(r.client.done) }),
       ),
     );
   } else {
-    const none = el("div", "track none", "the browser did not report");
+    const none = el("div", "track none", t("browserDidNotReport"));
     none.dataset.track = "client";
-    item.append(trackRow("browser", none, ""));
+    item.append(trackRow(t("browser"), none, ""));
   }
   return item;
 }
@@ -126,7 +142,7 @@ export function drawSlowest(rows) {
   if (key === drawnKey) return;
   drawnKey = key;
   if (!list.length) {
-    container.replaceChildren(el("p", "empty", "No requests in this window yet."));
+    container.replaceChildren(el("p", "empty", t("noRequests")));
     return;
   }
   const ends = list.flatMap((r) => [

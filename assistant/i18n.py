@@ -1,0 +1,66 @@
+"""The language of a request: the one the student chose on the page (Django's language cookie),
+else the first of the browser's (Accept-Language) that the site speaks, else the default.
+
+Pages get it from Django's ``LocaleMiddleware``. A chat stream on the ``direct`` path runs
+without Django's middleware, so the router works it out from the ASGI scope the same way, and
+the errors that stream sends are in the language the page is in.
+"""
+
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+from django.http.cookie import parse_cookie
+from django.utils import translation
+from django.utils.functional import Promise
+
+#: The HTML ``lang`` of each language code (BCP 47 spells the script with a capital).
+HTML_LANG = {"zh-hans": "zh-Hans"}
+
+
+class _ScopeRequest:
+    """What ``translation.get_language_from_request`` reads of a request: its cookies and its
+    Accept-Language header."""
+
+    def __init__(self, scope: MutableMapping[str, Any]) -> None:
+        cookies: list[str] = []
+        accept = ""
+        for key, value in scope.get("headers", ()):
+            if key == b"cookie":
+                cookies.append(value.decode("latin-1"))
+            elif key == b"accept-language":
+                accept = value.decode("latin-1")
+        self.COOKIES = parse_cookie("; ".join(cookies)) if cookies else {}
+        self.META = {"HTTP_ACCEPT_LANGUAGE": accept} if accept else {}
+
+
+def scope_language(scope: MutableMapping[str, Any]) -> str:
+    """The language code (one of ``settings.LANGUAGES``) for an ASGI request: what
+    ``LocaleMiddleware`` would pick for the same request."""
+    return translation.get_language_from_request(_ScopeRequest(scope))  # type: ignore[arg-type]
+
+
+@contextmanager
+def scope_translation(scope: MutableMapping[str, Any]) -> Iterator[str]:
+    """Everything within speaks the request's language (errors, frames); yields its code."""
+    language = scope_language(scope) if settings.USE_I18N else settings.LANGUAGE_CODE
+    with translation.override(language):
+        yield language
+
+
+def strings_translated(strings: dict[str, str | Promise]) -> dict[str, str]:
+    """A page's strings for its scripts (``page_strings``, ``dashboard_strings``) in the active
+    language."""
+    return {key: str(text) for key, text in strings.items()}
+
+
+def html_lang(language: str) -> str:
+    """The page's ``<html lang>`` for a language code: a CJK font for Chinese, a voice for it."""
+    return HTML_LANG.get(language, language)
+
+
+def page_language(request: HttpRequest) -> dict[str, str]:
+    """Template context processor: ``html_lang`` for every page."""
+    return {"html_lang": html_lang(translation.get_language() or settings.LANGUAGE_CODE)}
