@@ -26,9 +26,9 @@ from assistant.engines.llamacpp import LlamaCppEngine, default_model_path, sampl
 
 SYSTEM = "You are a patient, friendly teaching assistant. Answer clearly and briefly."
 QUESTIONS = [
-    "天空为什么是蓝色的？",  # noqa: RUF001
+    "天空为什么是蓝色的？",
     "请解释一下光合作用。",
-    "什么是牛顿第一定律？",  # noqa: RUF001
+    "什么是牛顿第一定律？",
     "Why is the sky blue?",
     "Explain photosynthesis to a twelve-year-old.",
     "What is Newton's first law?",

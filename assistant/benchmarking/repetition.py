@@ -8,7 +8,7 @@ numbers, "Yes.") are not counted.
 import re
 from collections import Counter
 
-SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*|\n+")  # noqa: RUF001
+SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*|\n+")
 
 
 def most_repeated(text: str) -> int:

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -153,12 +154,38 @@ def test_conversations_are_renamed_and_deleted_from_the_sidebar(page: Page) -> N
     assert not from_db(Conversation.objects.exists)
 
 
-def test_actions_speak_chinese(open_chat: Callable[..., Page]) -> None:
-    """A zh-CN student's buttons are in Chinese."""
-    page = open_chat(locale="zh-CN")
+def test_a_chinese_phone_asks_again_edits_renames_and_deletes(
+    open_chat: Callable[..., Page], output_dir: Path
+) -> None:
+    """At 390 × 844 in zh-CN, the whole round: the buttons are in Chinese, Ask again and Edit
+    replace what they should, and the drawer's ✎ and ✕ rename and delete the conversation."""
+    page = open_chat(locale="zh-CN", viewport={"width": 390, "height": 844})
     answer = ask(page, "[scripted tokens=2] 你好")
     wait_finished(answer)
     expect(answer.locator(".actions button")).to_have_text(["复制", "重新回答"])
-    expect(page.locator("#messages .message.user .actions button")).to_have_text(["编辑"])
-    rename = page.locator("#conversations li button.rename-button").first
-    expect(rename).to_have_attribute("aria-label", re.compile("^重命名"))
+    answer.locator(".actions button", has_text="重新回答").click()
+    wait_finished(page.locator(ANSWERS).last)
+    expect(page.locator(ANSWERS)).to_have_count(1)
+
+    question = page.locator("#messages .message.user").first
+    question.locator(".actions button", has_text="编辑").click()
+    question.locator(".editor textarea").fill("[scripted tokens=3] 光合作用是什么？")
+    question.locator(".editor button", has_text="发送").click()
+    expect(page.locator(QUESTIONS)).to_have_text(["[scripted tokens=3] 光合作用是什么？"])
+    wait_finished(page.locator(ANSWERS).last)
+    page.screenshot(path=output_dir / "chat-zh-CN-390x844-actions.png")
+
+    page.locator("#menu").click()
+    entry = page.locator("#conversations li").first
+    expect(entry.locator("button.rename-button")).to_have_attribute(
+        "aria-label", re.compile("^重命名")
+    )
+    entry.locator("button.rename-button").click()
+    page.locator("#conversations input.rename").fill("生物第三课")
+    page.locator("#conversations input.rename").press("Enter")
+    expect(page.locator("#conversations button.open")).to_have_text(["生物第三课"])
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#conversations li button.delete-button").first.click()
+    expect(page.locator("#conversations li")).to_have_count(0)
+    expect(page.locator(ANSWERS)).to_have_count(0)
+    assert not from_db(Conversation.objects.exists)

@@ -49,8 +49,9 @@ def test_page_fits_the_screen_in_both_languages(
     open_chat: Callable[..., Page], output_dir: Path, viewport: dict[str, int], locale: str
 ) -> None:
     """At 390 × 844 and 1280 × 800, in zh-CN and en-US: the page speaks the browser's language,
-    nothing scrolls sideways even with a wide answer, the question box stays on screen after a
-    long answer, and axe-core finds no serious or critical violation."""
+    markdown appears before the answer is done, nothing scrolls sideways even with a wide
+    answer, the question box stays on screen after a long answer, and axe-core finds no serious
+    or critical violation."""
     page = open_in(open_chat, viewport, locale)
     chinese = locale.startswith("zh")
     expect(page.locator("html")).to_have_attribute("lang", "zh-Hans" if chinese else "en")
@@ -59,6 +60,12 @@ def test_page_fits_the_screen_in_both_languages(
         "placeholder", "输入问题，按回车发送" if chinese else "Type your question and press Enter"
     )
     expect(page.locator("#prompt")).to_be_in_viewport()
+
+    # Markdown appears before the answer is done.
+    formatted = ask(page, "[scripted itl_ms=30 text='\"**Light** feeds plants, slowly.\"'] 光")
+    expect(formatted.locator(".body strong")).to_have_text("Light")
+    expect(formatted).to_have_class(re.compile(r"\bstreaming\b"))
+    wait_finished(formatted)
 
     answer = ask(page, f"[scripted ttft_ms=0 itl_ms=0 text='{WIDE_ANSWER}'] 宽")
     wait_finished(answer)

@@ -213,7 +213,7 @@ async def test_default_sampling_does_not_loop_on_a_chinese_question(
     penalty ends the answer on its own with no sentence said three times; without the penalty
     the model repeats itself until the cap."""
     system = "You are a patient, friendly teaching assistant. Answer clearly and briefly."
-    question = [ChatMessage("system", system), ChatMessage("user", "天空为什么是蓝色的？")]  # noqa: RUF001
+    question = [ChatMessage("system", system), ChatMessage("user", "天空为什么是蓝色的？")]
     defaults = replace(LlamaCppEngine.default_generation, temperature=0.0)
     neutral = replace(defaults, repeat_penalty=1.0, top_p=1.0)
 
