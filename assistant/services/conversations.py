@@ -94,7 +94,9 @@ def question_rows(*, owner_key: str, exchange: Exchange, question: str) -> Rows:
             )
         )
     if exchange.replaces is not None:
-        rows.replaced.append((exchange.conversation_id, exchange.replaces))
+        rows.replaced.append(
+            (exchange.conversation_id, exchange.replaces, exchange.user_message_id)
+        )
     rows.messages.append(
         Message(
             id=exchange.user_message_id,

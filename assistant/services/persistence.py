@@ -43,9 +43,9 @@ class Rows:
     messages: list[Message] = field(default_factory=list)
     #: Conversations whose ``updated_at`` moves to now (they got a new answer).
     touch: list[uuid.UUID] = field(default_factory=list)
-    #: (conversation, question): that question and every message after it are set aside
-    #: (``Message.replaced_at``) before the new messages are stored.
-    replaced: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    #: (conversation, question, its replacement): that question and every message after it,
+    #: but its replacement, are set aside (``Message.replaced_at``) once the batch is stored.
+    replaced: list[tuple[uuid.UUID, uuid.UUID, uuid.UUID]] = field(default_factory=list)
     records: list[StreamRecord] = field(default_factory=list)
     #: The records' request ids were replaced once already (``records_renamed``).
     renamed: bool = False
@@ -114,15 +114,17 @@ def conversations_touch(ids: set[uuid.UUID]) -> None:
         cursor.execute(sql, params)
 
 
-def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID) -> None:
-    """Set aside message ``first`` of the conversation and every message after it (an edited
-    or regenerated question): kept, with the time they were replaced."""
+def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID, keep: uuid.UUID) -> None:
+    """Set aside message ``first`` of the conversation and every message after it but ``keep``
+    (an edited or regenerated question, and its replacement): kept, with the time they were
+    replaced. Run after the batch's inserts, so that the replaced question's own answer is set
+    aside too when it is stored in the same batch as its replacement."""
     since = Message.objects.filter(id=first, conversation_id=conversation_id).values("created_at")
     Message.objects.filter(
         conversation_id=conversation_id,
         replaced_at__isnull=True,
         created_at__gte=Subquery(since[:1]),
-    ).update(replaced_at=timezone.now())
+    ).exclude(id=keep).update(replaced_at=timezone.now())
 
 
 def rows_write(batch: list[Rows]) -> None:
@@ -134,10 +136,10 @@ def rows_write(batch: list[Rows]) -> None:
         records = [r for rows in batch for r in rows.records]
         if conversations:
             insert_many(Conversation, conversations)
-        for conversation_id, question_id in (pair for rows in batch for pair in rows.replaced):
-            messages_replace(conversation_id=conversation_id, first=question_id)
         if messages:
             insert_many(Message, messages)
+        for conversation_id, first, keep in (row for rows in batch for row in rows.replaced):
+            messages_replace(conversation_id=conversation_id, first=first, keep=keep)
         if touch:
             conversations_touch(touch)
         if records:

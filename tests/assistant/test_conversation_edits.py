@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from assistant.models import Message
+from assistant.models import Conversation, Message
+from assistant.services.persistence import Rows, rows_write
 from tests.support import ChatClient, LiveServer, SSEReader, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -158,3 +159,22 @@ def test_another_session_cannot_replace_a_question(
     finally:
         intruder.close()
     assert not Message.objects.filter(replaced_at__isnull=False).exists()
+
+
+def test_an_answer_stored_with_its_replacement_is_set_aside_too() -> None:
+    """A stopped answer whose rows reach the writer in the same batch as the question that
+    replaces it (Stop, then Ask again at once) is set aside with its question; the replacement
+    is not."""
+    conversation = Conversation.objects.create(owner_key="owner", title="t")
+    first = Message.objects.create(conversation=conversation, role="user", content="one")
+    late_answer = Message(conversation=conversation, role="assistant", content="partial")
+    replacement = Message(conversation=conversation, role="user", content="one, again")
+    rows_write(
+        [
+            Rows(messages=[late_answer]),
+            Rows(messages=[replacement], replaced=[(conversation.id, first.id, replacement.id)]),
+        ]
+    )
+    shown = Message.objects.filter(conversation=conversation, replaced_at__isnull=True)
+    assert [m.content for m in shown] == ["one, again"]
+    assert Message.objects.filter(replaced_at__isnull=False).count() == 2

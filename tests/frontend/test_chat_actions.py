@@ -50,9 +50,13 @@ def test_code_is_highlighted_and_copied_and_maths_is_set(clipboard_page: Page) -
     """A Python block is highlighted with a Copy code button that copies exactly the code; TeX
     between $…$ and $$…$$ becomes MathML, money does not; Copy copies the answer as written."""
     page = clipboard_page
-    answer = ask(page, f"[scripted ttft_ms=0 itl_ms=30 text='{RICH}'] Show me.")
-    # The code block is on screen, with its button, before the answer is done.
-    expect(answer.locator(".code-bar button")).to_be_visible()
+    answer = ask(page, f"[scripted ttft_ms=0 itl_ms=200 text='{RICH}'] Show me.")
+    # The code block is on screen, with its button, while the answer is still coming in.
+    page.wait_for_function(
+        "(el) => el.classList.contains('streaming') && el.querySelector('pre code')"
+        " && el.querySelector('.code-bar button')",
+        arg=answer.element_handle(),
+    )
     wait_finished(answer)
     body = answer.locator(".body")
     expect(body.locator("pre code.hljs .hljs-keyword").first).to_have_text("import")

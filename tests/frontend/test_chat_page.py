@@ -96,8 +96,11 @@ def test_markdown_answer_renders_as_formatted_html(page: Page) -> None:
     answer = ask(page, f"[scripted itl_ms=40 text='\"{markdown}\"'] Format a short answer.")
     # Each character is one token: the bold word is formatted long before the list arrives.
     expect(answer.locator(".body strong")).to_have_text("light")
-    expect(answer).to_have_class(STREAMING)
-    expect(answer.locator(".body")).not_to_contain_text("**")
+    streaming, shown = answer.evaluate(
+        "(el) => [el.classList.contains('streaming'), el.querySelector('.body').textContent]"
+    )
+    assert streaming, "the answer was done before it was checked"
+    assert "**" not in shown and "Plants need light" in shown, shown
     wait_finished(answer)
 
     body = answer.locator(".body")

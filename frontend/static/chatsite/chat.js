@@ -31,6 +31,9 @@ let current = null; // the stream in flight
 let timer = null; // its measurements, reported when it ends (or the tab closes)
 let lastAsk = null; // {question, replaces} of the last question sent, for Retry
 let countdown = null; // a refused question waiting for its Retry-After: {timer}
+// The bubbles an edited or repeated question replaces: hidden until the server has the new
+// question (its `meta`), shown again if it never gets it.
+let replacing = [];
 // Whether the view follows the answer as it grows: until the student scrolls up, and again once
 // they scroll back to the bottom.
 let following = true;
@@ -102,13 +105,25 @@ function refreshActions() {
 
 // Send `question` again in place of `asked` (a question bubble) and everything after it.
 function again(asked, question) {
-  let next = asked;
-  while (next) {
-    const after = next.nextElementSibling;
-    next.remove();
-    next = after;
+  restoreReplaced();
+  for (let next = asked; next; next = next.nextElementSibling) {
+    next.hidden = true;
+    replacing.push(next);
   }
+  els.prompt.focus();
   ask(question, { replaces: asked.dataset.id });
+}
+
+// The server has the new question: what it replaces goes.
+function dropReplaced() {
+  for (const el of replacing) el.remove();
+  replacing = [];
+}
+
+// The new question never reached the server: what it was to replace is the conversation still.
+function restoreReplaced() {
+  for (const el of replacing) el.hidden = false;
+  replacing = [];
 }
 
 function edit(asked) {
@@ -224,6 +239,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
         answer.dataset.requestId = data.request_id;
         asked.dataset.id = data.user_message;
         answer.dataset.id = data.message;
+        dropReplaced();
       } else if (event === "queue" && data && !text) {
         // The embedded model answers one student at a time: say where this question stands.
         const ahead = data.position - 1;
@@ -271,7 +287,8 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
   if (result.outcome === "done") {
     setStatus("");
     // Announced once, whole, when it is done (not token by token).
-    els.announcer.textContent = `${t("answerReady")} ${body.textContent}`;
+    const words = [...body.children].filter((el) => !el.classList.contains("code-bar"));
+    els.announcer.textContent = `${t("answerReady")} ${words.map((el) => el.textContent).join(" ")}`;
   } else if (result.outcome === "stopped") {
     markStatus(answer, text ? "partial" : "failed");
     setStatus(t("stopped"));
@@ -285,14 +302,29 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
     answer.remove();
     waitAndAsk(question, replaces, result.message || t("somethingWrong"), result.retryAfter);
     return;
+  } else if (replacing.length) {
+    // An edit or Ask again the server refused: the conversation stays as it was.
+    asked.remove();
+    answer.remove();
+    restoreReplaced();
+    setStatus(failureMessage(result), "error");
+    els.retry.hidden = false;
   } else {
     markStatus(answer, text ? "partial" : "failed");
-    const message = result.code === "stream_cut" ? t("streamCut") : result.message;
-    setStatus(message || t("somethingWrong"), "error");
+    setStatus(failureMessage(result), "error");
     els.retry.hidden = false;
   }
   refreshActions();
   history.refresh(conversationId);
+}
+
+// What the status line says of a failure: the server's own message (in the page's language),
+// else the page's words for what the browser saw.
+function failureMessage(result) {
+  if (result.code === "stream_cut") return t("streamCut");
+  if (result.code === "network") return t("unreachable");
+  if (/^http_\d+$/.test(result.code || "")) return t("serverAnswered", { status: result.status });
+  return result.message || t("somethingWrong");
 }
 
 // How the page reports each way a request can end.
@@ -325,6 +357,7 @@ function cancelCountdown() {
   if (!countdown) return false;
   clearTimeout(countdown.timer);
   countdown = null;
+  restoreReplaced();
   busy(false);
   setStatus(t("stopped"));
   els.retry.hidden = false;
@@ -380,7 +413,8 @@ const stop = () => cancelCountdown() || (current && current.stop());
 els.stop.addEventListener("click", stop);
 // Esc closes the drawer when it is open, else stops the answer coming in.
 document.addEventListener("keydown", (event) => {
-  if (event.key !== "Escape" || event.isComposing) return;
+  // Esc also ends an input-method composition (Safari says so only through keyCode 229).
+  if (event.key !== "Escape" || event.isComposing || event.keyCode === 229) return;
   if (drawerOpen()) setDrawer(false);
   else if (current || countdown) {
     event.preventDefault();
@@ -388,7 +422,11 @@ document.addEventListener("keydown", (event) => {
   }
 });
 els.retry.addEventListener("click", () => {
-  if (lastAsk && !current && !countdown) ask(lastAsk.question, { replaces: lastAsk.replaces });
+  if (!lastAsk || current || countdown) return;
+  // Retrying an edit replaces the same question again.
+  const replaced = lastAsk.replaces && els.messages.querySelector(`[data-id="${lastAsk.replaces}"]`);
+  if (replaced) again(replaced, lastAsk.question);
+  else ask(lastAsk.question, { replaces: lastAsk.replaces });
 });
 els.newChat.addEventListener("click", () => {
   if (current || countdown) return;

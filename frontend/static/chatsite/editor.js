@@ -27,7 +27,7 @@ export function openEditor(bubble, { text, maxLength, onSend, onClose }) {
   };
   cancel.addEventListener("click", close);
   area.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && !event.isComposing) {
+    if (event.key === "Escape" && !event.isComposing && event.keyCode !== 229) {
       event.stopPropagation();
       close();
     }

@@ -30,7 +30,7 @@ const MATHS = [
   {
     name: "texBlock",
     level: "block",
-    start: (src) => src.match(/\$\$|\\\[/)?.index,
+    start: (src) => src.match(/^ {0,3}(?:\$\$|\\\[)/m)?.index,
     tokenizer(src) {
       const match = /^(?:\$\$([\s\S]+?)\$\$|\\\[([\s\S]+?)\\\])[ \t]*(?:\n|$)/.exec(src);
       if (match) return { type: "texBlock", raw: match[0], tex: (match[1] ?? match[2]).trim() };
@@ -43,8 +43,9 @@ const MATHS = [
     level: "inline",
     start: (src) => src.match(/\$|\\\(/)?.index,
     tokenizer(src) {
-      const match = /^(?:\$(?![\s\d$])((?:\\.|[^\\$\n])+?)(?<!\s)\$(?!\d)|\\\(((?:\\.|[^\n])+?)\\\))/.exec(src);
-      if (match) return { type: "texInline", raw: match[0], tex: match[1] ?? match[2] };
+      const match =
+        /^(?:\$\$([^$\n]+?)\$\$|\$(?![\s\d$])((?:\\.|[^\\$\n])+?)(?<!\s)\$(?!\d)|\\\(((?:\\.|[^\n])+?)\\\))/.exec(src);
+      if (match) return { type: "texInline", raw: match[0], tex: match[1] ?? match[2] ?? match[3] };
       return undefined;
     },
     renderer: (token) => `<tex-inline>${escapeHtml(token.tex)}</tex-inline>`,
@@ -129,6 +130,7 @@ function highlight(code) {
       const { value } = h.highlight(code.textContent, { language, ignoreIllegals: true });
       code.innerHTML = value; // highlight.js escapes the code; it adds only <span class="hljs-…">
       code.classList.add("hljs");
+      code.dataset.highlighted = "1";
     })
     .catch(() => {}); // unhighlighted code is still code
 }
@@ -167,6 +169,28 @@ export function copyButton(label, source, className = "") {
 
 // --- maths: KaTeX, loaded when an answer first has some, as MathML (no inline styles) ---------
 let katex = null;
+// Formulas already set, by their TeX and mode: the block being written is rendered again with
+// every token, its formulas are not set again.
+const formulas = new Map();
+const FORMULAS_KEPT = 500;
+
+function formula(k, tex, display) {
+  const key = `${display ? "D" : "I"}${tex}`;
+  let markup = formulas.get(key);
+  if (markup === undefined) {
+    markup = k.renderToString(tex, {
+      displayMode: display,
+      output: "mathml",
+      throwOnError: true,
+      strict: "ignore", // Chinese text in maths is fine here
+      maxSize: 50,
+      maxExpand: 200,
+    });
+    if (formulas.size >= FORMULAS_KEPT) formulas.delete(formulas.keys().next().value);
+    formulas.set(key, markup);
+  }
+  return markup;
+}
 
 function setMaths(root) {
   const found = root.querySelectorAll("tex-inline, tex-block");
@@ -178,13 +202,7 @@ function setMaths(root) {
         try {
           // KaTeX builds the markup from the TeX itself (no HTML passes through, \href and the
           // like are refused without `trust`), so it is not sanitised again.
-          el.innerHTML = k.renderToString(el.textContent, {
-            displayMode: el.tagName === "TEX-BLOCK",
-            output: "mathml",
-            throwOnError: true,
-            maxSize: 50,
-            maxExpand: 200,
-          });
+          el.innerHTML = formula(k, el.textContent, el.tagName === "TEX-BLOCK");
           el.dataset.set = "1";
         } catch {
           el.classList.add("tex-error"); // shown as its TeX source
@@ -275,7 +293,8 @@ function isProse(text) {
   );
 }
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})/;
+// A code fence: ``` with no other backtick on its line (```x``` is inline code), or ~~~.
+const FENCE = /^ {0,3}(`{3,}(?=[^`]*$)|~{3,})/;
 const LIST_ITEM = /^ {0,3}(?:[-*+]|\d{1,9}[.)])[ \t]/;
 
 // Where the blocks of `text` after `from` that can no longer change end: at a blank line outside
@@ -286,7 +305,7 @@ function blocksEnd(text, from) {
   let fence = null; // the open code fence's marker
   let blank = false; // a blank line since the last line of the block
   let started = false; // a block has begun after `from`
-  let inList = false; // that block is a list
+  let inList = false; // that block is a list at its last unindented line
   for (let lineStart = from; ; ) {
     const newline = text.indexOf("\n", lineStart);
     if (newline === -1) break; // the last line may still grow
@@ -298,12 +317,13 @@ function blocksEnd(text, from) {
     } else if (!line.trim()) {
       blank = true;
     } else {
-      const continues = /^[ \t]/.test(line) || (inList && LIST_ITEM.test(line));
-      if (!started || (blank && !continues)) {
+      const indented = /^[ \t]/.test(line);
+      if (!started || (blank && !indented && !(inList && LIST_ITEM.test(line)))) {
         if (started) end = lineStart;
         started = true;
-        inList = LIST_ITEM.test(line);
       }
+      // Whether the block is a list by now: its last line that is not indented says.
+      if (!indented) inList = LIST_ITEM.test(line);
       blank = false;
       if (marker) fence = marker[1];
     }
