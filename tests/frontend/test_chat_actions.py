@@ -193,3 +193,30 @@ def test_a_chinese_phone_asks_again_edits_renames_and_deletes(
     expect(page.locator("#conversations li")).to_have_count(0)
     expect(page.locator(ANSWERS)).to_have_count(0)
     assert not from_db(Conversation.objects.exists)
+
+
+def test_an_edit_the_server_refuses_leaves_the_conversation_as_it_was(page: Page) -> None:
+    """Two tabs of one session show the same conversation; the first edits a question, then the
+    second edits the same (now replaced) question: the server refuses it (409), and the second
+    tab shows its conversation as it was, with the server's reason, instead of an empty page."""
+    wait_finished(ask(page, "[scripted tokens=2] original question"))
+    other = page.context.new_page()
+    other.goto("/")
+    other.wait_for_selector("body[data-ready='1']", state="attached")
+    other.locator("#conversations button.open").first.click()
+    expect(other.locator(QUESTIONS)).to_have_text(["[scripted tokens=2] original question"])
+
+    first = page.locator("#messages .message.user").first
+    first.locator(".actions button", has_text="Edit").click()
+    first.locator(".editor textarea").fill("[scripted tokens=2] edited here")
+    first.locator(".editor button", has_text="Send").click()
+    wait_finished(page.locator(ANSWERS).last)
+
+    stale = other.locator("#messages .message.user").first
+    stale.locator(".actions button", has_text="Edit").click()
+    stale.locator(".editor textarea").fill("[scripted tokens=2] edited there")
+    stale.locator(".editor button", has_text="Send").click()
+    expect(other.locator("#status")).to_have_text(re.compile("edited or asked again already"))
+    expect(other.locator(QUESTIONS)).to_have_text(["[scripted tokens=2] original question"])
+    expect(other.locator(ANSWERS)).to_have_count(1)
+    expect(other.locator("#retry")).to_be_visible()
