@@ -7,6 +7,7 @@ import { RequestTimer } from "./beacon.js";
 import { openEditor } from "./editor.js";
 import { conversationList, cookie, getJSON } from "./history.js";
 import { LiveMarkdown, copyButton, showMarkdown } from "./markdown.js";
+import { following } from "./follow.js";
 import { drawerOpen, setDrawer } from "./page.js";
 import { newRequestId, streamChat } from "./stream.js";
 import { t } from "./strings.js";
@@ -26,6 +27,7 @@ const els = {
   announcer: $("announcer"),
 };
 
+const view = following(els.messages);
 let conversationId = null;
 let current = null; // the stream in flight
 let timer = null; // its measurements, reported when it ends (or the tab closes)
@@ -34,9 +36,6 @@ let countdown = null; // a refused question waiting for its Retry-After: {timer}
 // The bubbles an edited or repeated question replaces: hidden until the server has the new
 // question (its `meta`), shown again if it never gets it.
 let replacing = [];
-// Whether the view follows the answer as it grows: until the student scrolls up, and again once
-// they scroll back to the bottom.
-let following = true;
 // What each bubble says, as written (markdown for answers): what Copy and Edit use.
 const texts = new WeakMap();
 
@@ -67,8 +66,7 @@ function bubble(role, text = "", { status = "", id = "" } = {}) {
   el.append(body);
   if (status && status !== "complete") markStatus(el, status);
   els.messages.append(el);
-  following = true;
-  follow();
+  view.resume();
   return el;
 }
 
@@ -138,27 +136,6 @@ function edit(asked) {
   });
 }
 
-// Scrolled once a frame at most, when the browser lays the page out anyway: reading the height
-// after every token would force a layout of its own each time.
-let followPending = false;
-function follow() {
-  if (!following || followPending) return;
-  followPending = true;
-  requestAnimationFrame(() => {
-    followPending = false;
-    if (following) els.messages.scrollTop = els.messages.scrollHeight;
-  });
-}
-
-els.messages.addEventListener(
-  "scroll",
-  () => {
-    const { scrollTop, scrollHeight, clientHeight } = els.messages;
-    following = scrollHeight - scrollTop - clientHeight < 32;
-  },
-  { passive: true },
-);
-
 function markStatus(el, status) {
   const note = document.createElement("p");
   note.className = "note";
@@ -218,7 +195,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
   const show = () => {
     live.append(text.slice(live.text.length));
     for (; unshown > 0; unshown -= 1) measured.tokenRendered();
-    follow();
+    view.follow();
   };
   const request = { message: question, conversation: conversationId };
   if (replaces) request.replaces = replaces;
@@ -283,7 +260,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
   lastAsk = { question, replaces: asked.dataset.id ? null : replaces };
   if (text) live.finish(text);
   else body.replaceChildren();
-  follow();
+  view.follow();
   if (result.outcome === "done") {
     setStatus("");
     // Announced once, whole, when it is done (not token by token).
