@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
@@ -213,6 +214,23 @@ def raw_request(port: int, request: bytes, *, source: str | None = None) -> sock
     sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=address)
     sock.sendall(request)
     return sock
+
+
+def from_db[T](query: Callable[[], T]) -> T:
+    """Run ORM work on a thread of its own and return its result: while Playwright's sync API
+    runs, the test's thread counts as async to Django, which refuses database calls there. The
+    thread's connection is closed after, so none is left open at the database's flush."""
+
+    def run() -> T:
+        from django.db import connection
+
+        try:
+            return query()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
 
 
 def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> Any:

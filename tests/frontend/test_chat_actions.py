@@ -5,7 +5,6 @@ edited and sent again, conversations renamed and deleted."""
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from assistant.models import Conversation, Message
 from tests.frontend.test_chat_page import ANSWERS, QUESTIONS, ask, wait_finished
-from tests.support import wait_for
+from tests.support import from_db, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -33,13 +32,6 @@ RICH = json.dumps(
 @pytest.fixture
 def clipboard_page(open_chat: Callable[..., Page]) -> Page:
     return open_chat(permissions=["clipboard-read", "clipboard-write"])
-
-
-def from_db[T](query: Callable[[], T]) -> T:
-    """Run an ORM query on a thread of its own: while Playwright's sync API runs, this thread
-    counts as async to Django, which refuses database calls here."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(query).result()
 
 
 def clipboard(page: Page) -> str:

@@ -1,13 +1,11 @@
 """The page reports its own timings of every request, answered or not (headless Chromium)."""
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 from playwright.sync_api import Page
 
 from assistant.models import StreamRecord
 from tests.frontend.test_chat_page import ask, wait_finished
-from tests.support import wait_for
+from tests.support import from_db, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -20,8 +18,7 @@ def reported(request_id: str) -> StreamRecord:
         rows = StreamRecord.objects.filter(request_id=request_id, client_reported_at__isnull=False)
         return rows.first()
 
-    with ThreadPoolExecutor(1) as pool:
-        return wait_for(lambda: pool.submit(lookup).result(), timeout=10)
+    return wait_for(lambda: from_db(lookup), timeout=10)
 
 
 def test_an_answer_is_reported_with_the_browsers_timings(page: Page) -> None:

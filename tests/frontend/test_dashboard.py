@@ -10,7 +10,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from playwright.sync_api import Browser, Page, expect
 from assistant import errors
 from tests.frontend.axe import axe_violations, format_violations
 from tests.frontend.test_chat_page import ask, wait_finished
-from tests.support import ChatClient, LiveServer, ModelHost
+from tests.support import ChatClient, LiveServer, ModelHost, from_db
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -40,22 +39,14 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
 
 def staff_create(username: str) -> None:
-    """A staff account. Created from a worker thread: Playwright's sync API runs an event loop
-    in the test's thread, where Django refuses ORM calls."""
+    """A staff account (created with ``from_db``: Playwright's sync API is running)."""
+    from django.contrib.auth import get_user_model
 
-    def create() -> None:
-        from django.contrib.auth import get_user_model
-        from django.db import connection
-
-        try:
-            get_user_model().objects.create_user(
-                username=username, password=PASSWORD, is_staff=True
-            )
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(create).result()
+    from_db(
+        lambda: get_user_model().objects.create_user(
+            username=username, password=PASSWORD, is_staff=True
+        )
+    )
 
 
 @pytest.fixture
