@@ -127,6 +127,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             answer = await answer_start(
                 body=body,
                 session_key=http.session_key(request),
+                class_hint=http.class_hint(request),
                 client=scope_client(scope),
                 request_id=request_id,
                 serving_path=self.serving_path,

@@ -162,3 +162,18 @@ TITLE_UNREADABLE = ApiError(
     "title_unreadable",
     _("The title contains control characters or characters that are not text."),
 )
+CLASS_PAUSED = ApiError(
+    403,
+    "class_paused",
+    _("Your class is paused by its teacher: no questions until it opens again."),
+)
+JOIN_CODE_UNKNOWN = ApiError(
+    404, "join_code_unknown", _("No open class has that code. Check it with your teacher.")
+)
+JOIN_CODE_EXPIRED = ApiError(
+    410, "join_code_expired", _("That class code has expired. Ask your teacher for the new one.")
+)
+NICKNAME_INVALID = ApiError(
+    400, "nickname_invalid", _("A nickname is at most 40 characters, on one line.")
+)
+TEACHERS_ONLY = ApiError(403, "teachers_only", _("Only teachers can see this."))

@@ -17,6 +17,7 @@ from django.utils.csp import CSP, build_policy
 
 from assistant import errors, metrics
 from assistant.internals import CsrfCheck as _CsrfCheck
+from assistant.services.classrooms import CLASS_COOKIE
 
 type Headers = list[tuple[bytes, bytes]]
 
@@ -92,6 +93,11 @@ def header(scope: Any, name: bytes) -> str | None:
 
 def session_key(request: ASGIRequest) -> str | None:
     return request.COOKIES.get(settings.SESSION_COOKIE_NAME) or None
+
+
+def class_hint(request: ASGIRequest) -> str | None:
+    """The class cookie: which class the student is in, as a guess (``services/classrooms``)."""
+    return request.COOKIES.get(CLASS_COOKIE) or None
 
 
 def is_json(content_type: str | None) -> bool:

@@ -4,13 +4,73 @@ would work as the student's cookie). Nobody else can read or continue them."""
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+
+class Classroom(models.Model):
+    """A teacher's class: students join it with its code (no account), and it sets the persona,
+    the sampling and the limits their answers get (``services/classrooms.py``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=80)
+    teachers = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="classrooms", blank=True
+    )
+    #: What students type or open (``/c/<code>``); rotating it makes the old one stop working.
+    join_code = models.CharField(max_length=16, unique=True)
+    #: After this the code stops working (students already in stay in); null: never.
+    code_expires_at = models.DateTimeField(null=True, blank=True)
+    #: While paused, students get a message and no answer.
+    paused = models.BooleanField(default=False)
+    #: The system prompt its answers start from; empty: the site's (``CHATSITE_SYSTEM_PROMPT``).
+    persona = models.TextField(blank=True)
+    #: Sampling within the bounds the site sets (``CHATSITE_CLASS_BOUNDS``); null: the engine's.
+    temperature = models.FloatField(null=True, blank=True)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    #: The engine alias that answers (one of ``CHATSITE_ENGINES``); empty: the serving path's.
+    engine_alias = models.CharField(max_length=32, blank=True)
+    #: Questions per minute per student; null: the site's (``CHATSITE_CHAT_RATE``).
+    chat_rate = models.PositiveIntegerField(null=True, blank=True)
+    #: Whether the class's teachers may read its questions and answers (students are told).
+    teachers_read = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("teach", "Can run classes")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ClassMember(models.Model):
+    """A student's membership of a class: their owner key and the nickname the teacher sees."""
+
+    classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="members")
+    owner_key = models.CharField(max_length=80)
+    nickname = models.CharField(max_length=40, blank=True)
+    joined_at = models.DateTimeField(auto_now_add=True)
+    left_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["joined_at"]
+        indexes = [models.Index(fields=["classroom", "owner_key"])]
+
+    def __str__(self) -> str:
+        return self.nickname or self.owner_key[:16]
 
 
 class Conversation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner_key = models.CharField(max_length=80, db_index=True)
+    #: The class its student was in when it began; null: none (and every conversation from
+    #: before classes existed).
+    classroom = models.ForeignKey(
+        Classroom, null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations"
+    )
     title = models.CharField(max_length=120, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
@@ -75,6 +135,8 @@ class StreamRecord(models.Model):
     request_id = models.CharField(max_length=64, db_index=True)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
     owner_key = models.CharField(max_length=80, db_index=True)
+    #: The asker's class (no key: a record outlives its class); null: none.
+    classroom_id = models.UUIDField(null=True, blank=True)
     path = models.CharField(max_length=16)
     engine = models.CharField(max_length=32)
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
@@ -115,7 +177,10 @@ class StreamRecord(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["path", "created_at"])]
+        indexes = [
+            models.Index(fields=["path", "created_at"]),
+            models.Index(fields=["classroom_id", "created_at"]),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["request_id"],
@@ -126,6 +191,20 @@ class StreamRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.path} {self.outcome}"
+
+
+class ClassLoad(models.Model):
+    """What one worker process is answering for classes right now, published every few seconds
+    while it answers any (``services/class_live.py``); the teacher's dashboard adds up the rows
+    that are fresh."""
+
+    worker = models.CharField(max_length=120, unique=True)
+    updated_at = models.DateTimeField()
+    #: {class id: {"streaming": n, "waiting": n, "students": [owner key, ...]}}
+    classes = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"{self.worker} {self.updated_at:%H:%M:%S}"
 
 
 class ServingState(models.Model):

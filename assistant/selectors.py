@@ -6,8 +6,11 @@ from typing import Any
 from assistant.models import Conversation, Message
 
 
-def conversation_list(*, owner_key: str, limit: int = 50) -> list[dict[str, Any]]:
-    rows = Conversation.objects.filter(owner_key=owner_key).values(
+def conversation_list(
+    *, owner_key: str, classroom_id: uuid.UUID | None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """The owner's latest conversations begun in ``classroom_id`` (None: in no class)."""
+    rows = Conversation.objects.filter(owner_key=owner_key, classroom_id=classroom_id).values(
         "id", "title", "created_at", "updated_at"
     )[:limit]
     return [

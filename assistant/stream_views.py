@@ -42,6 +42,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
         answer = await answer_start(
             body=request.body,
             session_key=http.session_key(request),
+            class_hint=http.class_hint(request),
             client=scope_client(scope),
             request_id=request_id,
             serving_path=SERVING_PATH,

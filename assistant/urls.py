@@ -1,12 +1,15 @@
 from django.urls import path
 
-from assistant import dashboard_views, stream_views, views
+from assistant import class_views, dashboard_views, stream_views, views
 
 app_name = "assistant"
 
 urlpatterns = [
     path("", views.chat_page, name="chat"),
     path("api/session", views.session_renew, name="session"),
+    path("c/", class_views.class_join_page, name="join"),
+    path("c/leave", class_views.class_leave_view, name="leave"),
+    path("c/<str:code>", class_views.class_join_page, name="join-code"),
     path("api/chat/beacon", views.beacon, name="beacon"),
     # Reached through the ASGI router (chatsite/asgi.py) when it picks the "django" path.
     path("api/chat/stream", stream_views.chat_stream, name="stream"),

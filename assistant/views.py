@@ -14,10 +14,13 @@ from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, selectors
+from assistant.class_views import class_cookie_set
 from assistant.db import run_db
 from assistant.errors import Rejected
+from assistant.forms import login_answer
 from assistant.page_strings import chat_strings, model_language_notice
 from assistant.services.beacons import Beacon, beacon_apply, beacon_parse
+from assistant.services.classrooms import session_class
 from assistant.services.clients import request_client
 from assistant.services.conversations import (
     ConversationNotFound,
@@ -53,13 +56,17 @@ def chat_page(request: HttpRequest) -> HttpResponse:
         response.headers["Retry-After"] = str(refused.retry_after)
         return response
     config = settings.CHATSITE_STREAM
+    classroom = session_class(request.session)
     context = {
         "ping_interval_ms": int(config["PING_INTERVAL"] * 1000),
         "max_message_chars": config["MAX_MESSAGE_CHARS"],
         "page_strings": chat_strings(),
         "model_language_notice": model_language_notice(get_language()),
+        "classroom": classroom,
     }
-    return render(request, "assistant/chat.html", context)
+    response = render(request, "assistant/chat.html", context)
+    class_cookie_set(response, classroom)
+    return response
 
 
 @require_POST
@@ -75,8 +82,14 @@ def session_renew(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def conversations(request: HttpRequest) -> JsonResponse:
+    """The owner's conversations in the class they are in now (or in none)."""
     owner_key = _owner_key(request)
-    items = [] if owner_key is None else selectors.conversation_list(owner_key=owner_key)
+    if owner_key is None:
+        return JsonResponse({"conversations": []})
+    classroom = session_class(request.session)
+    items = selectors.conversation_list(
+        owner_key=owner_key, classroom_id=None if classroom is None else classroom.id
+    )
     return JsonResponse({"conversations": items})
 
 
@@ -187,10 +200,4 @@ async def beacon(request: HttpRequest) -> HttpResponse:
 def admin_login(request: HttpRequest) -> HttpResponseBase:
     """The admin's login page (``/admin/login/``, also the dashboard's), answering a locked-out
     attempt with 429 and Retry-After beside the form's message (``forms.py``)."""
-    response = admin.site.login(request)
-    context = getattr(response, "context_data", None) or {}
-    locked_for = getattr(context.get("form"), "locked_for", None)
-    if locked_for is not None:
-        response.status_code = 429
-        response.headers["Retry-After"] = str(locked_for)
-    return response
+    return login_answer(admin.site.login(request))

@@ -13,6 +13,8 @@ The same client measures three servers on loopback, one at a time:
 * ``chatsite``: Daphne + chatsite's ``direct`` path (the Channels consumer, through the split
   router) with the scripted engine (CSRF, session, SQLite);
 * ``chatsite-django``: the same server, ``django`` path (an async view behind the middleware).
+* ``chatsite-class``: ``chatsite`` for a student who joined a class (its persona and settings
+  read with the session on every question).
 
 Beside each figure: the server process's CPU time per answer over the measured run (user +
 system, from ``/proc/<pid>/stat``).
@@ -196,6 +198,27 @@ def report(name: str, concurrency: int, samples: list[float], ttft_ms: float, cp
     return row
 
 
+CLASS_CREATE = (
+    "from assistant.models import Classroom; "
+    "from assistant.services.classrooms import join_code_new; "
+    "print(Classroom.objects.create(name='Bench', join_code=join_code_new(), "
+    "persona='You are a patient tutor.').join_code)"
+)
+
+
+def class_create(root: Path, env: dict[str, str]) -> str:
+    """A class in the benchmark's database; its join code."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", CLASS_CREATE],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -206,7 +229,7 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=["bare", "uvicorn", "chatsite", "chatsite-django"],
+        choices=["bare", "uvicorn", "chatsite", "chatsite-django", "chatsite-class"],
         default=["bare", "uvicorn", "chatsite", "chatsite-django"],
     )
     parser.add_argument(
@@ -244,14 +267,23 @@ def main() -> None:
                 )
                 import httpx
 
-                page = httpx.get(server.url + "/")
-                cookies = "; ".join(f"{k}={v}" for k, v in page.cookies.items())
+                browser = httpx.Client(base_url=server.url)
+                page = browser.get("/")
+                if name == "chatsite-class":
+                    code = class_create(
+                        args.chatsite_root, {**env, "CHATSITE_SQLITE_PATH": str(db)}
+                    )
+                    token = browser.cookies["csrftoken"]
+                    browser.post("/c/", data={"code": code, "csrfmiddlewaretoken": token})
+                cookies = "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar)
+                browser.close()
                 port = server.port
                 body = json.dumps({"message": "What is photosynthesis?"}).encode()
                 path = (
                     "/api/chat/stream/django" if name == "chatsite-django" else "/api/chat/stream"
                 )
-                request = build_request(port, body, cookies, page.cookies["csrftoken"], path)
+                token = page.cookies["csrftoken"]
+                request = build_request(port, body, cookies, token, path)
             else:
                 port = free_port()
                 code = BARE_SERVER if name == "bare" else UVICORN_SERVER

@@ -352,6 +352,13 @@ CHATSITE_LOGIN_LIMITS = {
     "LOCKOUT_S": env_int("CHATSITE_LOGIN_LOCKOUT_S", 900),
 }
 
+# The bounds a teacher's class settings stay within (services/teaching.py).
+CHATSITE_CLASS_BOUNDS = {
+    "TEMPERATURE_MAX": float(env_str("CHATSITE_CLASS_TEMPERATURE_MAX", "1.5")),
+    "MAX_TOKENS_MAX": env_int("CHATSITE_CLASS_MAX_TOKENS_MAX", 1024),
+    "CHAT_RATE_MAX": env_int("CHATSITE_CLASS_CHAT_RATE_MAX", 120),
+}
+
 # (requests, seconds) per session or user.
 CHATSITE_RATE_LIMITS = {
     "beacon": (env_int("CHATSITE_BEACON_RATE", 120), 60),

@@ -10,5 +10,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # The language switcher posts here (Django's set_language: CSRF, a cookie, back to "next").
     path("i18n/", include("django.conf.urls.i18n")),
+    path("teach/", include("assistant.teach_urls")),
     path("", include("django_prometheus.urls")),
 ]

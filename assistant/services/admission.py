@@ -44,10 +44,13 @@ class SlotTry:
     holders: tuple[tuple[str, str], ...] = ()
 
 
-def chat_admit(*, owner_key: str, request_id: str) -> SlotTry:
-    """Count this chat request against the owner's rate (``Rejected``, 429 with Retry-After,
-    when over it) and try to take a stream slot (when all are taken: ``chat_slot_wait``)."""
+def chat_admit(*, owner_key: str, request_id: str, rate: int | None = None) -> SlotTry:
+    """Count this chat request against the owner's rate (``rate`` per window, else the site's;
+    ``Rejected``, 429 with Retry-After, when over it) and try to take a stream slot (when all
+    are taken: ``chat_slot_wait``)."""
     limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
+    if rate is not None:
+        limit = rate
     retry_after = rate_limit_hit(scope="chat", key=owner_key, limit=limit, window_s=window)
     if retry_after is not None:
         raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)

@@ -362,7 +362,10 @@ class Answer:
         if not self._question_stored:
             self._question_stored = True
             rows = question_rows(
-                owner_key=self.owner_key, exchange=self.exchange, question=self.question
+                owner_key=self.owner_key,
+                classroom_id=self.identity.classroom_id,
+                exchange=self.exchange,
+                question=self.question,
             )
             background.spawn(rows_store(rows), name=f"question:{self.request_id}")
 
@@ -411,6 +414,7 @@ class Answer:
         return AnswerSummary(
             request_id=self.request_id,
             owner_key=self.owner_key,
+            classroom_id=self.identity.classroom_id,
             serving_path=self.serving_path,
             engine=self.engine.name,
             outcome=self.outcome,

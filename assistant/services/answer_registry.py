@@ -55,6 +55,11 @@ def answer_forget(answer: LiveAnswer) -> None:
         del _resumable[key]
 
 
+def answers_running() -> list[LiveAnswer]:
+    """Every answer still running in this process."""
+    return list(_running.values())
+
+
 def answer_running(request_id: str) -> bool:
     """Whether an answer runs under ``request_id`` in this process, anybody's."""
     return request_id in _running

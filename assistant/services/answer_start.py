@@ -33,6 +33,16 @@ from assistant.services.admission import SlotTry, chat_admit, chat_release, chat
 from assistant.services.answer import Answer
 from assistant.services.answer_registry import answer_running
 from assistant.services.chat_request import ChatTurn, chat_turn_parse
+from assistant.services.class_live import class_live_start
+from assistant.services.classrooms import (
+    ClassContext,
+    chat_rate_for,
+    class_guess,
+    class_paused_check,
+    generation_for,
+    system_prompt,
+)
+from assistant.services.classrooms import engine_alias_for as class_engine_alias
 from assistant.services.conversations import (
     ConversationNotFound,
     Exchange,
@@ -58,6 +68,7 @@ async def answer_start(
     *,
     body: bytes,
     session_key: str | None,
+    class_hint: str | None,
     client: str,
     request_id: str,
     serving_path: str,
@@ -68,10 +79,14 @@ async def answer_start(
     A request without a session cookie is refused at once (403 ``session_required``): the
     page issues sessions, a limited number per address (``identity.session_issue``).
 
+    ``class_hint`` (the class cookie) is the guess of the student's class that a new
+    conversation's engine starts on before the session is read (``services/classrooms.py``).
+
     Raises ``Rejected`` for a request the client can fix (4xx) and for an engine that cannot
     take it now (503, counted and recorded like any failed stream).
     """
-    alias = engine_alias_for(serving_path)
+    known, guess = class_guess(class_hint)
+    alias = class_engine_alias(engine_alias_for(serving_path), guess)
     engine_name = alias
     try:
         if session_key is None:
@@ -88,6 +103,8 @@ async def answer_start(
         return await _answer_open(
             turn=turn,
             session_key=session_key,
+            guess=guess,
+            guess_known=known,
             client=client,
             engine=engine,
             serving_path=serving_path,
@@ -130,6 +147,7 @@ async def _refused_persist(
     record = refused_record(
         request_id=request_id,
         owner_key=identity.owner_key,
+        classroom_id=identity.classroom_id,
         serving_path=serving_path,
         engine=engine,
         reason=reason,
@@ -138,17 +156,26 @@ async def _refused_persist(
     await rows_store(Rows(records=[record]))
 
 
-def _messages(question: str, history: list[ChatMessage]) -> list[ChatMessage]:
-    system = settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
+def _messages(
+    question: str, history: list[ChatMessage], classroom: ClassContext | None
+) -> list[ChatMessage]:
+    system = system_prompt(classroom)
     head = [ChatMessage(role="system", content=system)] if system else []
     return [*head, *history, ChatMessage(role="user", content=question)]
 
 
 def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, SlotTry]:
-    """Who is asking (``Rejected``, 403, without a session), if their rate allows another
-    stream (else ``Rejected``, 429), and what the try for a stream slot found."""
+    """Who is asking (``Rejected``, 403, without a session), whether their class is open (403
+    ``class_paused``), if their rate allows another stream (else ``Rejected``, 429), and what
+    the try for a stream slot found."""
     identity = identity_required(session_key)
-    return identity, chat_admit(owner_key=identity.owner_key, request_id=request_id)
+    class_paused_check(identity.classroom)
+    slot = chat_admit(
+        owner_key=identity.owner_key,
+        request_id=request_id,
+        rate=chat_rate_for(identity.classroom),
+    )
+    return identity, slot
 
 
 def _identity_and_history(
@@ -169,6 +196,7 @@ def _history(
 ) -> list[ChatMessage]:
     return conversation_history(
         owner_key=identity.owner_key,
+        classroom_id=identity.classroom_id,
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
         before=before,
@@ -200,46 +228,51 @@ def _release_once_known(found: asyncio.Future[Any], request_id: str) -> None:
 
 
 def _engine_start(
-    engine: BaseEngine, messages: list[ChatMessage], timings: StreamTimings, *, ask_now: bool
+    engine: BaseEngine,
+    messages: list[ChatMessage],
+    classroom: ClassContext | None,
+    timings: StreamTimings,
+    *,
+    ask_now: bool,
 ) -> EngineStream:
-    """Submit ``messages`` to ``engine``; ``ask_now``: ask for the first delta at once, so the
-    engine works while the session is looked up."""
-    deltas = engine.stream(messages, engine.generation)
+    """Submit ``messages`` to ``engine`` with ``classroom``'s sampling; ``ask_now``: ask for the
+    first delta at once, so the engine works while the session is looked up."""
+    deltas = engine.stream(messages, generation_for(engine.generation, classroom))
     timings.engine_submitted = now()
     return EngineStream(deltas, asyncio.ensure_future(anext(deltas)) if ask_now else None)
 
 
 async def _asker(
-    found: asyncio.Future[Any],
-    *,
-    turn: ChatTurn,
-    request_id: str,
-    seating: Seating,
-    seat: Seat | None,
-    client: str,
-) -> tuple[Identity, list[ChatMessage], Seat]:
-    """Who is asking, once the lookup beside the engine (``found``) is done: with their history,
-    a stream slot (waited for if need be) and a seat on the engine."""
+    found: asyncio.Future[Any], *, turn: ChatTurn, request_id: str
+) -> tuple[Identity, list[ChatMessage]]:
+    """Who is asking, once the lookup beside the engine (``found``) is done: with their history
+    and a stream slot (waited for if need be)."""
     try:
         # Shielded: if this request is cancelled meanwhile, the lookup (which may take a
         # stream slot) still finishes, and _release_once_known gives the slot back.
         result = await asyncio.shield(found)
-        identity, slot = result[0], result[1]
-        history = result[2] if turn.conversation_id is not None else []
-        if not slot.taken:
-            await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id, tried=slot)
-        return identity, history, seat or seating.take(client, evict=True)
     except ConversationNotFound:
         raise Rejected(errors.CONVERSATION_NOT_FOUND) from None
-    except BaseException:
-        _release_once_known(found, request_id)
-        raise
+    identity, slot = result[0], result[1]
+    history = result[2] if turn.conversation_id is not None else []
+    if not slot.taken:
+        await chat_slot_wait(owner_key=identity.owner_key, request_id=request_id, tried=slot)
+    return identity, history
+
+
+def _guess_right(guess: ClassContext | None, found: ClassContext | None) -> bool:
+    """The class the engine was started for is the one the session holds, as stored now."""
+    if guess is None or found is None:
+        return guess is found
+    return guess.id == found.id and guess.version == found.version
 
 
 async def _answer_open(
     *,
     turn: ChatTurn,
     session_key: str | None,
+    guess: ClassContext | None,
+    guess_known: bool,
     client: str,
     engine: BaseEngine,
     serving_path: str,
@@ -248,34 +281,53 @@ async def _answer_open(
 ) -> Answer:
     """Start the engine on ``turn`` and resolve who is asking. Run the result to its end.
 
+    ``guess`` is the student's class as the cookie names it (``guess_known`` False: the cookie
+    names a class not read here yet): a new conversation starts on it before the session is
+    read, and starts again should the session hold another class (or the class have changed).
+
     Raises ``EngineBusy`` when the engine is full, ``Rejected`` when the request has no session,
-    the student's or the address's limits refuse another stream, or the conversation is not
-    theirs.
+    the class is paused, the student's or the address's limits refuse another stream, or the
+    conversation is not theirs.
     """
     timings.parsed = now()
     seating = seating_for(engine)
+    early = guess_known and not (guess is not None and guess.paused)
     # With a seat free, a new conversation needs nothing from the database before the engine
     # starts; without one, the session must be known first (it may take another's seat).
-    seat = _seat_early(seating, client)
+    seat = _seat_early(seating, client) if early else None
     source: EngineStream | None = None
+    found: asyncio.Future[Any] | None = None
     try:
         if turn.conversation_id is None:
-            found: asyncio.Future[Any] = asyncio.ensure_future(
-                run_db(_identity_admitted, session_key, request_id)
-            )
+            found = asyncio.ensure_future(run_db(_identity_admitted, session_key, request_id))
             if seat is not None:
-                source = _engine_start(engine, _messages(turn.message, []), timings, ask_now=True)
+                messages = _messages(turn.message, [], guess)
+                source = _engine_start(engine, messages, guess, timings, ask_now=True)
         else:
             found = asyncio.ensure_future(
                 run_db(_identity_and_history, session_key, turn, request_id)
             )
-        identity, history, seat = await _asker(
-            found, turn=turn, request_id=request_id, seating=seating, seat=seat, client=client
-        )
+        identity, history = await _asker(found, turn=turn, request_id=request_id)
+        classroom = identity.classroom
+        if not (guess_known and _guess_right(guess, classroom)):
+            if source is not None:
+                await source.close()
+                source = None
+            alias = class_engine_alias(engine_alias_for(serving_path), classroom)
+            if alias != engine.alias:
+                if seat is not None:
+                    seat.leave()
+                    seat = None
+                engine = get_engine(alias)
+                engine.check()
+                seating = seating_for(engine)
+        seat = seat or seating.take(client, evict=True)
         if source is None:
-            messages = _messages(turn.message, history)
-            source = _engine_start(engine, messages, timings, ask_now=False)
+            messages = _messages(turn.message, history, classroom)
+            source = _engine_start(engine, messages, classroom, timings, ask_now=False)
     except BaseException:
+        if found is not None:
+            _release_once_known(found, request_id)
         if source is not None:
             await source.close()
         if seat is not None:
@@ -290,7 +342,7 @@ async def _answer_open(
         request_id=request_id,
         replaces=turn.replaces,
     )
-    return Answer(
+    answer = Answer(
         exchange=exchange,
         identity=identity,
         question=turn.message,
@@ -300,3 +352,6 @@ async def _answer_open(
         timings=timings,
         seat=seat,
     )
+    if identity.classroom is not None:
+        class_live_start()  # the teacher's dashboard counts it
+    return answer

@@ -51,16 +51,24 @@ class Exchange:
 
 
 def conversation_history(
-    *, owner_key: str, conversation_id: uuid.UUID, limit: int, before: uuid.UUID | None = None
+    *,
+    owner_key: str,
+    classroom_id: uuid.UUID | None,
+    conversation_id: uuid.UUID,
+    limit: int,
+    before: uuid.UUID | None = None,
 ) -> list[ChatMessage]:
-    """The last ``limit`` messages of the owner's conversation, oldest first, leaving out what
-    was replaced; with ``before`` (a question being replaced), only the messages before it.
+    """The last ``limit`` messages of the owner's conversation in ``classroom_id`` (None: one
+    begun in no class), oldest first, leaving out what was replaced; with ``before`` (a question
+    being replaced), only the messages before it.
 
     Raises ``ConversationNotFound``, or ``Rejected`` when ``before`` is not one of the
     conversation's questions (``invalid_replaces``) or was replaced already
     (``question_replaced``).
     """
-    if not Conversation.objects.filter(id=conversation_id, owner_key=owner_key).exists():
+    if not Conversation.objects.filter(
+        id=conversation_id, owner_key=owner_key, classroom_id=classroom_id
+    ).exists():
         raise ConversationNotFound(str(conversation_id))
     messages = Message.objects.filter(conversation_id=conversation_id, replaced_at__isnull=True)
     if before is not None:
@@ -82,14 +90,18 @@ def conversation_history(
     return [ChatMessage(role=role, content=content) for role, content in reversed(recent)]
 
 
-def question_rows(*, owner_key: str, exchange: Exchange, question: str) -> Rows:
-    """The student's question (and the conversation, when it is new), ready to store."""
+def question_rows(
+    *, owner_key: str, classroom_id: uuid.UUID | None, exchange: Exchange, question: str
+) -> Rows:
+    """The student's question (and the conversation, in their class, when it is new), ready to
+    store."""
     rows = Rows()
     if exchange.is_new_conversation:
         rows.conversations.append(
             Conversation(
                 id=exchange.conversation_id,
                 owner_key=owner_key,
+                classroom_id=classroom_id,
                 title=" ".join(question.split())[:TITLE_CHARS],
             )
         )

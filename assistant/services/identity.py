@@ -13,6 +13,7 @@ the key itself: owner keys are stored, listed in the admin and searched, and a s
 would work as the student's cookie for whoever read it.
 """
 
+import uuid
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -24,6 +25,7 @@ from django.utils.crypto import salted_hmac
 
 from assistant import errors
 from assistant.errors import Rejected
+from assistant.services.classrooms import ClassContext, session_class
 from assistant.services.ratelimit import rate_limit_hit
 
 
@@ -31,6 +33,12 @@ from assistant.services.ratelimit import rate_limit_hit
 class Identity:
     #: "" when the request has no live session (and no logged-in user).
     owner_key: str
+    #: The class the session belongs to, read with it; None: none.
+    classroom: ClassContext | None = None
+
+    @property
+    def classroom_id(self) -> uuid.UUID | None:
+        return None if self.classroom is None else self.classroom.id
 
 
 #: Keeps the owner-key hash apart from every other use of SECRET_KEY. Changing it, or the
@@ -87,7 +95,9 @@ def identity_resolve(session_key: str | None) -> Identity:
     user = get_user(request)
     if not user.is_authenticated and not session.session_key:
         return Identity(owner_key="")
-    return Identity(owner_key=owner_key_for(user, session.session_key))
+    return Identity(
+        owner_key=owner_key_for(user, session.session_key), classroom=session_class(session)
+    )
 
 
 def identity_required(session_key: str | None) -> Identity:

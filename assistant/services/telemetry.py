@@ -26,6 +26,7 @@ class AnswerSummary:
 
     request_id: str
     owner_key: str
+    classroom_id: uuid.UUID | None
     serving_path: str
     engine: str
     outcome: Outcome
@@ -43,6 +44,7 @@ def stream_record(summary: AnswerSummary) -> StreamRecord:
         request_id=summary.request_id,
         created_at=t.received_at,
         owner_key=summary.owner_key,
+        classroom_id=summary.classroom_id,
         path=summary.serving_path,
         engine=summary.engine,
         outcome=summary.outcome,
@@ -66,6 +68,7 @@ def refused_record(
     *,
     request_id: str,
     owner_key: str,
+    classroom_id: uuid.UUID | None,
     serving_path: str,
     engine: str,
     reason: str,
@@ -77,6 +80,7 @@ def refused_record(
         request_id=request_id,
         created_at=timings.received_at,
         owner_key=owner_key,
+        classroom_id=classroom_id,
         path=serving_path,
         engine=engine,
         outcome=Outcome.ENGINE_ERROR,

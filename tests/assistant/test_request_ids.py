@@ -85,6 +85,7 @@ def test_a_record_whose_id_is_taken_is_stored_under_a_new_one(caplog) -> None:
         stored = refused_record(
             request_id=request_id,
             owner_key="session:test",
+            classroom_id=None,
             serving_path="direct",
             engine="scripted",
             reason="engine_failed",

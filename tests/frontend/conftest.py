@@ -57,3 +57,33 @@ def open_chat(browser: Browser, daphne: LiveServer) -> Iterator[Callable[..., Pa
 def page(open_chat: Callable[..., Page]) -> Page:
     """The chat page, loaded and ready, in its own browser context."""
     return open_chat()
+
+
+#: The password of the teachers the page tests make.
+TEACHER_PASSWORD = "pw-long-enough-123"
+
+
+@pytest.fixture
+def teacher_browser(browser: Browser, daphne: LiveServer) -> Iterator[Callable[..., Page]]:
+    """Open a teacher's page in a new context, logged in on the way through the login form
+    (``/teach/login/``, as username ``lin`` unless told otherwise; keyword arguments go to
+    ``new_context``). Uncaught exceptions in the page fail the test."""
+    contexts = []
+    problems: list[Exception] = []
+
+    def open_as_teacher(path: str, *, username: str = "lin", **context_args: Any) -> Page:
+        context = browser.new_context(base_url=daphne.url, **context_args)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda error: problems.append(error))
+        page.goto(path)
+        page.fill("#id_username", username)
+        page.fill("#id_password", TEACHER_PASSWORD)
+        page.locator("form#login button[type='submit']").click()
+        page.wait_for_url(f"{daphne.url}{path}")
+        return page
+
+    yield open_as_teacher
+    for context in contexts:
+        context.close()
+    assert not problems, f"uncaught errors in the page: {problems}"

@@ -183,6 +183,7 @@ class Harness:
         answer = await answer_start(
             body=json.dumps({"message": question}).encode(),
             session_key=self.session_key,
+            class_hint=None,
             client=CLIENT,
             request_id=uuid.uuid4().hex,
             serving_path=path,

@@ -1,0 +1,219 @@
+"""What a teacher sees of their classes: per-class figures over a window of stream records, the
+class's recent questions (where its policy allows) and its records as CSV.
+
+Synchronous (ORM). The figures read only the columns they need over the (classroom_id,
+created_at) index, in one query for every class shown; the live counts (answers streaming and
+waiting for their first token, on any worker) come from ``services/class_live.py``.
+"""
+
+import csv
+import hashlib
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.utils import timezone
+
+from assistant.models import ClassMember, Classroom, Message, StreamRecord
+from assistant.services.beacons import client_ttft_ms
+from assistant.services.class_live import live_read
+from assistant.services.dashboard import ttft_summary
+from assistant.services.telemetry import SERVER_FAULTS
+
+#: A student counts as active now when they asked in this many seconds, or have an answer
+#: streaming.
+ACTIVE_S = 300
+_FIELDS = (
+    "classroom_id", "owner_key", "created_at", "outcome", "server_ttft_ms",
+    "client_ttft_ms", "client_waited_ms", "client_done_ms", "reported",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class _ClassWindow:
+    questions: int = 0
+    errors: int = 0
+    abandoned: int = 0
+    active: set[str] = field(default_factory=set)
+    server: list[float] = field(default_factory=list)
+    client: list[float] = field(default_factory=list)
+
+
+def student_pseudonym(owner_key: str) -> str:
+    """A short name for a student without a nickname: stable, and no use as a credential."""
+    return "student-" + hashlib.blake2b(owner_key.encode(), digest_size=4).hexdigest()
+
+
+def class_figures(
+    classroom_ids: Iterable[Any], *, window_s: int, now: datetime | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per class (by id as text): students active now and waiting for a first token, answers
+    streaming, questions asked, errors and abandoned answers in the window, and TTFT P50/P95
+    as the server and the browser saw it (ms; None without data)."""
+    wanted = [str(key) for key in classroom_ids]
+    end = now or timezone.now()
+    start = end - timedelta(seconds=max(window_s, ACTIVE_S))
+    window_start = end - timedelta(seconds=window_s)
+    active_start = end - timedelta(seconds=ACTIVE_S)
+    windows = {key: _ClassWindow() for key in wanted}
+    reported = ExpressionWrapper(Q(client_reported_at__isnull=False), output_field=BooleanField())
+    rows = (
+        StreamRecord.objects.filter(
+            classroom_id__in=wanted, created_at__gte=start, created_at__lte=end
+        )
+        .order_by()
+        .annotate(reported=reported)
+        .values_list(*_FIELDS)
+    )
+    for classroom_id, owner, at, outcome, server, ttft, waited, done, was_reported in rows:
+        window = windows[str(classroom_id)]
+        if at >= active_start:
+            window.active.add(owner)
+        if at < window_start:
+            continue
+        window.questions += 1
+        window.errors += outcome in SERVER_FAULTS
+        window.abandoned += outcome == StreamRecord.Outcome.CLIENT_ABORT
+        if server is not None:
+            window.server.append(server)
+        if was_reported:
+            window.client.append(client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done))
+    live = live_read(wanted)
+    figures = {}
+    for key, window in windows.items():
+        now_live = live[key]
+        figures[key] = {
+            "active": len(window.active | set(now_live["students"])),
+            "streaming": now_live["streaming"],
+            "waiting": now_live["waiting"],
+            "questions": window.questions,
+            "errors": window.errors,
+            "abandoned": window.abandoned,
+            "server_ttft_ms": ttft_summary(sorted(window.server)),
+            "client_ttft_ms": ttft_summary(sorted(window.client)),
+        }
+    return figures
+
+
+def nicknames(classroom: Classroom, owner_keys: Iterable[str]) -> dict[str, str]:
+    """The nickname each student gave when they (last) joined, where they gave one."""
+    names: dict[str, str] = {}
+    members = ClassMember.objects.filter(
+        classroom=classroom, owner_key__in=set(owner_keys)
+    ).order_by("joined_at")
+    for owner_key, nickname in members.values_list("owner_key", "nickname"):
+        if nickname:
+            names[owner_key] = nickname
+    return names
+
+
+def class_questions(classroom: Classroom, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The class's latest questions with their answers, newest first; none unless the class
+    lets its teachers read them (``teachers_read``)."""
+    if not classroom.teachers_read:
+        return []
+    questions = list(
+        Message.objects.filter(
+            conversation__classroom=classroom, role=Message.Role.USER, replaced_at__isnull=True
+        )
+        .order_by("-created_at")
+        .values("request_id", "content", "created_at", "conversation__owner_key")[:limit]
+    )
+    answers = dict(
+        Message.objects.filter(
+            conversation__classroom=classroom,
+            role=Message.Role.ASSISTANT,
+            request_id__in=[q["request_id"] for q in questions],
+        ).values_list("request_id", "content")
+    )
+    names = nicknames(classroom, (q["conversation__owner_key"] for q in questions))
+    return [
+        {
+            "at": q["created_at"],
+            "student": names.get(q["conversation__owner_key"])
+            or student_pseudonym(q["conversation__owner_key"]),
+            "question": q["content"],
+            "answer": answers.get(q["request_id"], ""),
+        }
+        for q in questions
+    ]
+
+
+CSV_COLUMNS = (
+    "time", "student", "request_id", "serving_path", "engine", "outcome", "error_code",
+    "tokens", "server_ttft_ms", "browser_ttft_ms", "inter_token_mean_ms", "total_ms",
+)  # fmt: skip
+CSV_TEXT_COLUMNS = ("question", "answer")
+_CSV_BATCH = 1000
+
+
+def csv_cell(value: object) -> str:
+    """A cell as text, never a formula: a spreadsheet runs text starting with = + - @ (or a
+    tab or carriage return) as one, so such text gets a leading apostrophe."""
+    text = "" if value is None else str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def class_csv(classroom: Classroom) -> Iterator[str]:
+    """The class's stream records, oldest first, as CSV lines: when, who (nickname, else a
+    pseudonym), timings and outcome; the question and answer only when the class lets its
+    teachers read them."""
+    with_text = classroom.teachers_read
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+
+    def line(cells: list[object]) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow([csv_cell(cell) for cell in cells])
+        return buffer.getvalue()
+
+    yield line(list(CSV_COLUMNS + (CSV_TEXT_COLUMNS if with_text else ())))
+    records = StreamRecord.objects.filter(classroom_id=classroom.id).order_by("created_at", "pk")
+    names: dict[str, str] = {}
+    batch: list[StreamRecord] = []
+    for record in records.iterator(chunk_size=_CSV_BATCH):
+        batch.append(record)
+        if len(batch) == _CSV_BATCH:
+            yield from _csv_batch(classroom, batch, names, with_text, line)
+            batch = []
+    yield from _csv_batch(classroom, batch, names, with_text, line)
+
+
+def _csv_batch(
+    classroom: Classroom,
+    batch: list[StreamRecord],
+    names: dict[str, str],
+    with_text: bool,
+    line: Any,
+) -> Iterator[str]:
+    if not batch:
+        return
+    unknown = {r.owner_key for r in batch} - names.keys()
+    if unknown:
+        found = nicknames(classroom, unknown)
+        names.update({key: found.get(key) or student_pseudonym(key) for key in unknown})
+    texts: dict[tuple[str, str], str] = {}
+    if with_text:
+        rows = Message.objects.filter(
+            conversation__classroom=classroom, request_id__in=[r.request_id for r in batch]
+        ).values_list("request_id", "role", "content")
+        texts = {(request_id, role): content for request_id, role, content in rows}
+    for r in batch:
+        cells: list[object] = [
+            r.created_at.isoformat(), names[r.owner_key], r.request_id, r.path, r.engine,
+            r.outcome, r.error_code, r.tokens, r.server_ttft_ms,
+            client_ttft_ms(
+                ttft_ms=r.client_ttft_ms, waited_ms=r.client_waited_ms, done_ms=r.client_done_ms
+            ) if r.client_reported_at else None,
+            r.itl_mean_ms, r.e2e_ms,
+        ]  # fmt: skip
+        if with_text:
+            cells += [
+                texts.get((r.request_id, "user"), ""),
+                texts.get((r.request_id, "assistant"), ""),
+            ]
+        yield line(cells)

@@ -1,0 +1,111 @@
+"""What a teacher watches: the live figures of their classes (``/teach/dashboard/`` and its JSON,
+``/teach/api/figures``), a class's recent questions where its policy allows, and its records as
+CSV. The A/B split and the breaker stay on the staff dashboard (``dashboard_views.py``).
+
+Pages go through ``teach_views.teacher_view`` (login page, 403, 404 for another's class); the
+JSON API answers the same refusals as JSON: 401 ``login_required``, 403 ``teachers_only``.
+"""
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from assistant import errors, http
+from assistant.models import Classroom
+from assistant.services.class_figures import class_csv, class_figures, class_questions
+from assistant.services.dashboard import WINDOWS
+from assistant.services.teaching import classes_visible, is_teacher
+from assistant.teach_views import teacher_view
+
+#: How often the page asks for new figures (the live counts are at most ~2 s old anyway).
+REFRESH_MS = 3000
+
+
+def _window(request: HttpRequest) -> str | None:
+    window = request.GET.get("window", "1h")
+    return window if window in WINDOWS else None
+
+
+def teacher_api(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """The teacher pages' access rule, answered as JSON."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if not request.user.is_authenticated:
+            return http.api_error(errors.LOGIN_REQUIRED)
+        if not is_teacher(request.user):
+            return http.api_error(errors.TEACHERS_ONLY)
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def figures_payload(user: Any, window: str) -> dict[str, Any]:
+    """Synchronous (ORM): every class ``user`` may see, with its figures over ``window``."""
+    classes = list(classes_visible(user).order_by("name"))
+    figures = class_figures([c.id for c in classes], window_s=WINDOWS[window])
+    return {
+        "window": window,
+        "generated_at": timezone.now().isoformat(),
+        "classes": [
+            {
+                "id": str(c.id),
+                "name": c.name,
+                "paused": c.paused,
+                "teachers_read": c.teachers_read,
+                **figures[str(c.id)],
+            }
+            for c in classes
+        ],
+    }
+
+
+@require_GET
+@teacher_api
+def teach_figures(request: HttpRequest) -> HttpResponse:
+    """``GET /teach/api/figures?window=5m|1h|24h``: the teacher's classes and their figures."""
+    window = _window(request)
+    if window is None:
+        return http.api_error(errors.WINDOW_INVALID)
+    return JsonResponse(figures_payload(request.user, window))
+
+
+@require_GET
+@teacher_view
+def teach_dashboard(request: HttpRequest) -> HttpResponse:
+    """``GET /teach/dashboard/``: the figures of the teacher's classes, refreshed live."""
+    window = _window(request) or "1h"
+    context = {
+        "payload": figures_payload(request.user, window),
+        "window": window,
+        "windows": list(WINDOWS),
+        "refresh_ms": REFRESH_MS,
+    }
+    return render(request, "assistant/teach/dashboard.html", context)
+
+
+@require_GET
+@teacher_view
+def class_questions_page(request: HttpRequest, classroom: Classroom) -> HttpResponse:
+    """``GET /teach/<id>/questions``: the class's recent questions and answers, where the class
+    lets its teachers read them; else the page says they cannot."""
+    context = {"classroom": classroom, "questions": class_questions(classroom)}
+    return render(request, "assistant/teach/questions.html", context)
+
+
+@require_GET
+@teacher_view
+def class_records_csv(request: HttpRequest, classroom: Classroom) -> HttpResponseBase:
+    """``GET /teach/<id>/records.csv``: every record of the class (``class_csv``), in UTF-8
+    with a byte order mark, so spreadsheets open Chinese nicknames and text as such."""
+    body = "\ufeff" + "".join(class_csv(classroom))
+    response = HttpResponse(body.encode("utf-8"), content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    name = f"class-{classroom.join_code}-{stamp}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
