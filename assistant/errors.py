@@ -177,3 +177,11 @@ NICKNAME_INVALID = ApiError(
     400, "nickname_invalid", _("A nickname is at most 40 characters, on one line.")
 )
 TEACHERS_ONLY = ApiError(403, "teachers_only", _("Only teachers can see this."))
+CLASS_CHANGED = ApiError(
+    409,
+    "class_changed",
+    _(
+        "Your class changed since this page was loaded (you joined or left one, or what your "
+        "teacher can see changed). Reload the page to read it before you ask."
+    ),
+)

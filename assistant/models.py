@@ -3,6 +3,7 @@
 would work as the student's cookie). Nobody else can read or continue them."""
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -35,6 +36,9 @@ class Classroom(models.Model):
     chat_rate = models.PositiveIntegerField(null=True, blank=True)
     #: Whether the class's teachers may read its questions and answers (students are told).
     teachers_read = models.BooleanField(default=False)
+    #: Since when they may (set by ``save``): questions asked before, when students were told
+    #: otherwise, stay unread.
+    teachers_read_since = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -44,6 +48,18 @@ class Classroom(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Keep ``teachers_read_since`` with ``teachers_read``: now when reading is turned on,
+        none while it is off."""
+        if not self.teachers_read:
+            self.teachers_read_since = None
+        elif self.teachers_read_since is None:
+            self.teachers_read_since = timezone.now()
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "teachers_read" in update_fields:
+            kwargs["update_fields"] = {*update_fields, "teachers_read_since"}
+        super().save(*args, **kwargs)
 
 
 class ClassMember(models.Model):
@@ -199,7 +215,7 @@ class ClassLoad(models.Model):
     that are fresh."""
 
     worker = models.CharField(max_length=120, unique=True)
-    updated_at = models.DateTimeField()
+    updated_at = models.DateTimeField(db_index=True)
     #: {class id: {"streaming": n, "waiting": n, "students": [owner key, ...]}}
     classes = models.JSONField(default=dict)
 

@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('worker', models.CharField(max_length=120, unique=True)),
-                ('updated_at', models.DateTimeField()),
+                ('updated_at', models.DateTimeField(db_index=True)),
                 ('classes', models.JSONField(default=dict)),
             ],
         ),
@@ -71,6 +71,7 @@ class Migration(migrations.Migration):
                 ('engine_alias', models.CharField(blank=True, max_length=32)),
                 ('chat_rate', models.PositiveIntegerField(blank=True, null=True)),
                 ('teachers_read', models.BooleanField(default=False)),
+                ('teachers_read_since', models.DateTimeField(blank=True, editable=False, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],

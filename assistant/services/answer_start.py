@@ -39,6 +39,7 @@ from assistant.services.classrooms import (
     chat_rate_for,
     class_guess,
     class_paused_check,
+    class_shown_check,
     generation_for,
     system_prompt,
 )
@@ -86,7 +87,8 @@ async def answer_start(
     take it now (503, counted and recorded like any failed stream).
     """
     known, guess = class_guess(class_hint)
-    alias = class_engine_alias(engine_alias_for(serving_path), guess)
+    path_alias = engine_alias_for(serving_path)
+    alias = class_engine_alias(path_alias, guess)
     engine_name = alias
     try:
         if session_key is None:
@@ -98,6 +100,10 @@ async def answer_start(
             raise Rejected(errors.REQUEST_ID_USED)
         turn = chat_turn_parse(body)
         engine = get_engine(alias)
+        if alias != path_alias and not _usable(engine):
+            # The guessed class's own engine is down: the session may hold another class;
+            # start nothing early, and decide once it is read.
+            engine, known = get_engine(path_alias), False
         engine_name = engine.name
         engine.check()
         return await _answer_open(
@@ -154,6 +160,15 @@ async def _refused_persist(
         timings=timings,
     )
     await rows_store(Rows(records=[record]))
+
+
+def _usable(engine: BaseEngine) -> bool:
+    """The engine can take a request now (its cheap check, no I/O)."""
+    try:
+        engine.check()
+    except EngineUnavailable:
+        return False
+    return True
 
 
 def _messages(
@@ -309,6 +324,7 @@ async def _answer_open(
             )
         identity, history = await _asker(found, turn=turn, request_id=request_id)
         classroom = identity.classroom
+        class_shown_check(turn.shown, classroom)
         if not (guess_known and _guess_right(guess, classroom)):
             if source is not None:
                 await source.close()

@@ -23,6 +23,9 @@ class ChatTurn:
     #: The question this one replaces (edited and sent again, or asked again to regenerate its
     #: answer): it and everything after it are set aside once this one is stored.
     replaces: uuid.UUID | None = None
+    #: What the page showed of the student's class: its id (None: no class) and whether its
+    #: teachers read the questions; None when the client did not say (``class_shown_check``).
+    shown: tuple[uuid.UUID | None, bool] | None = None
 
 
 def request_id_valid(value: object) -> bool:
@@ -39,7 +42,8 @@ def request_id_choose(incoming: str | None) -> str:
 
 def chat_turn_parse(body: bytes) -> ChatTurn:
     """Validate the JSON body ``{"message": str, "conversation": uuid | null}``, with
-    ``"replaces": uuid`` (a question of that conversation) to edit or regenerate."""
+    ``"replaces": uuid`` (a question of that conversation) to edit or regenerate, and
+    ``"class": uuid | null, "teachers_read": bool`` for what the page showed of the class."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -62,15 +66,27 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
         )
     raw_conversation = payload.get("conversation")
     raw_replaces = payload.get("replaces")
+    shown = _class_shown(payload)
     if raw_conversation is None:
         if raw_replaces is not None:
             raise Rejected(errors.INVALID_REPLACES)
-        return ChatTurn(message=message, conversation_id=None)
+        return ChatTurn(message=message, conversation_id=None, shown=shown)
     return ChatTurn(
         message=message,
         conversation_id=_uuid(raw_conversation, errors.INVALID_CONVERSATION),
         replaces=None if raw_replaces is None else _uuid(raw_replaces, errors.INVALID_REPLACES),
+        shown=shown,
     )
+
+
+def _class_shown(payload: dict[str, object]) -> tuple[uuid.UUID | None, bool] | None:
+    """``"class": uuid | null`` with ``"teachers_read": bool``, as the page sends them."""
+    if "class" not in payload:
+        return None
+    raw_class, reads = payload["class"], payload.get("teachers_read", False)
+    if not isinstance(reads, bool):
+        raise Rejected(errors.INVALID_BODY)
+    return (None if raw_class is None else _uuid(raw_class, errors.INVALID_BODY)), reads
 
 
 def _uuid(value: object, error: errors.ApiError) -> uuid.UUID:

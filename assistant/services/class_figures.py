@@ -1,15 +1,13 @@
-"""What a teacher sees of their classes: per-class figures over a window of stream records, the
-class's recent questions (where its policy allows) and its records as CSV.
+"""What a teacher sees of their classes: per-class figures over a window of stream records, and
+the class's recent questions (where its policy allows). The CSV export: ``class_export.py``.
 
 Synchronous (ORM). The figures read only the columns they need over the (classroom_id,
 created_at) index, in one query for every class shown; the live counts (answers streaming and
 waiting for their first token, on any worker) come from ``services/class_live.py``.
 """
 
-import csv
 import hashlib
-import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -111,13 +109,19 @@ def nicknames(classroom: Classroom, owner_keys: Iterable[str]) -> dict[str, str]
 
 
 def class_questions(classroom: Classroom, *, limit: int = 50) -> list[dict[str, Any]]:
-    """The class's latest questions with their answers, newest first; none unless the class
-    lets its teachers read them (``teachers_read``)."""
-    if not classroom.teachers_read:
+    """The class's latest questions with their answers, newest first: those asked while the
+    class lets its teachers read them (``teachers_read_since``), none while it does not."""
+    since = classroom.teachers_read_since
+    if not classroom.teachers_read or since is None:
         return []
+    # Asked since: when the request arrived (its record's time), as in the CSV.
+    arrived = StreamRecord.objects.filter(classroom_id=classroom.id, created_at__gte=since)
     questions = list(
         Message.objects.filter(
-            conversation__classroom=classroom, role=Message.Role.USER, replaced_at__isnull=True
+            conversation__classroom=classroom,
+            role=Message.Role.USER,
+            replaced_at__isnull=True,
+            request_id__in=arrived.values("request_id"),
         )
         .order_by("-created_at")
         .values("request_id", "content", "created_at", "conversation__owner_key")[:limit]
@@ -140,80 +144,3 @@ def class_questions(classroom: Classroom, *, limit: int = 50) -> list[dict[str, 
         }
         for q in questions
     ]
-
-
-CSV_COLUMNS = (
-    "time", "student", "request_id", "serving_path", "engine", "outcome", "error_code",
-    "tokens", "server_ttft_ms", "browser_ttft_ms", "inter_token_mean_ms", "total_ms",
-)  # fmt: skip
-CSV_TEXT_COLUMNS = ("question", "answer")
-_CSV_BATCH = 1000
-
-
-def csv_cell(value: object) -> str:
-    """A cell as text, never a formula: a spreadsheet runs text starting with = + - @ (or a
-    tab or carriage return) as one, so such text gets a leading apostrophe."""
-    text = "" if value is None else str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
-def class_csv(classroom: Classroom) -> Iterator[str]:
-    """The class's stream records, oldest first, as CSV lines: when, who (nickname, else a
-    pseudonym), timings and outcome; the question and answer only when the class lets its
-    teachers read them."""
-    with_text = classroom.teachers_read
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-
-    def line(cells: list[object]) -> str:
-        buffer.seek(0)
-        buffer.truncate()
-        writer.writerow([csv_cell(cell) for cell in cells])
-        return buffer.getvalue()
-
-    yield line(list(CSV_COLUMNS + (CSV_TEXT_COLUMNS if with_text else ())))
-    records = StreamRecord.objects.filter(classroom_id=classroom.id).order_by("created_at", "pk")
-    names: dict[str, str] = {}
-    batch: list[StreamRecord] = []
-    for record in records.iterator(chunk_size=_CSV_BATCH):
-        batch.append(record)
-        if len(batch) == _CSV_BATCH:
-            yield from _csv_batch(classroom, batch, names, with_text, line)
-            batch = []
-    yield from _csv_batch(classroom, batch, names, with_text, line)
-
-
-def _csv_batch(
-    classroom: Classroom,
-    batch: list[StreamRecord],
-    names: dict[str, str],
-    with_text: bool,
-    line: Any,
-) -> Iterator[str]:
-    if not batch:
-        return
-    unknown = {r.owner_key for r in batch} - names.keys()
-    if unknown:
-        found = nicknames(classroom, unknown)
-        names.update({key: found.get(key) or student_pseudonym(key) for key in unknown})
-    texts: dict[tuple[str, str], str] = {}
-    if with_text:
-        rows = Message.objects.filter(
-            conversation__classroom=classroom, request_id__in=[r.request_id for r in batch]
-        ).values_list("request_id", "role", "content")
-        texts = {(request_id, role): content for request_id, role, content in rows}
-    for r in batch:
-        cells: list[object] = [
-            r.created_at.isoformat(), names[r.owner_key], r.request_id, r.path, r.engine,
-            r.outcome, r.error_code, r.tokens, r.server_ttft_ms,
-            client_ttft_ms(
-                ttft_ms=r.client_ttft_ms, waited_ms=r.client_waited_ms, done_ms=r.client_done_ms
-            ) if r.client_reported_at else None,
-            r.itl_mean_ms, r.e2e_ms,
-        ]  # fmt: skip
-        if with_text:
-            cells += [
-                texts.get((r.request_id, "user"), ""),
-                texts.get((r.request_id, "assistant"), ""),
-            ]
-        yield line(cells)

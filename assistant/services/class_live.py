@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -62,15 +63,20 @@ def live_counts(answers: Iterable[ClassAnswer]) -> Counts:
     return counts
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+#: This process's row: its host and pid, and a random part, so that two containers with the
+#: same host name and pid never share a row.
+WORKER = f"{socket.gethostname()[:60]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+#: Rows of workers gone longer than this are deleted by the next worker that publishes.
+FORGET_S = 3600.0
 
 
 def live_store(worker: str, counts: Counts) -> None:
-    """Synchronous (ORM): this worker's counts, now."""
+    """Synchronous (ORM): this worker's counts, now; and the rows of long-gone workers go."""
+    now = timezone.now()
     ClassLoad.objects.update_or_create(
-        worker=worker, defaults={"updated_at": timezone.now(), "classes": counts}
+        worker=worker, defaults={"updated_at": now, "classes": counts}
     )
+    ClassLoad.objects.filter(updated_at__lt=now - timedelta(seconds=FORGET_S)).delete()
 
 
 def live_read(classroom_ids: Iterable[str]) -> Counts:
@@ -112,21 +118,25 @@ def class_live_start() -> None:
 
 async def _publish_loop() -> None:
     loop = asyncio.get_running_loop()
-    worker = worker_name()
     published: Counts | None = None
     published_at = 0.0
+    failing = False
     while True:
         await asyncio.sleep(PUBLISH_S)
         counts = live_counts(answers_running())  # type: ignore[arg-type]
         due = counts and loop.time() - published_at >= HEARTBEAT_S
         if counts != published or due:
             try:
-                await run_db_write(live_store, worker, counts)
-                published, published_at = counts, loop.time()
+                await run_db_write(live_store, WORKER, counts)
+                published, published_at, failing = counts, loop.time(), False
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.exception("Could not publish the classes' live counts")
+                # Once per outage (the database is down: everything else says so too); the
+                # teachers' figures miss this worker's live counts meanwhile.
+                if not failing:
+                    logger.exception("Could not publish the classes' live counts")
+                failing = True
         # Idle, and said so: end, unless a class answer started during that write (it found
         # this loop running, so it started none). No await between this check and the end.
         if not counts and published == {} and not live_counts(answers_running()):  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ the engine starts again from what was read: a guess can cost some engine work, n
 answer.
 """
 
+import ipaddress
 import re
 import secrets
 import uuid
@@ -27,7 +28,7 @@ from assistant import errors
 from assistant.engines import GenerationParams
 from assistant.errors import Rejected
 from assistant.models import ClassMember, Classroom
-from assistant.services.ratelimit import rate_limit_hit
+from assistant.services.ratelimit import rate_limit_hit, rate_limit_reached
 
 #: The session key holding the student's class id.
 SESSION_CLASS = "classroom"
@@ -36,7 +37,8 @@ CLASS_COOKIE = "chatsite_class"
 #: Join codes: no 0/O, 1/I/L, so a code read aloud or off a board is typed right.
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 CODE_LENGTH = 6
-#: Wrong codes one address may try per minute (a class behind one NAT joins at once).
+#: Wrong codes one address may try per minute (right ones are not counted: a class behind one
+#: NAT joins at once).
 JOIN_TRIES_PER_MINUTE = 60
 NICKNAME_CHARS = 40
 _NICKNAME = re.compile(r"[^\x00-\x1f\x7f]*")
@@ -143,6 +145,19 @@ def class_paused_check(context: ClassContext | None) -> None:
         raise Rejected(errors.CLASS_PAUSED)
 
 
+def class_shown_check(
+    shown: tuple[uuid.UUID | None, bool] | None, classroom: ClassContext | None
+) -> None:
+    """Refuse (409 ``class_changed``) a question sent from a page that showed another class, or
+    said otherwise of what its teachers read, than holds now: the student is told before they
+    ask, never after. A client that did not say what it showed is not checked."""
+    if shown is None:
+        return
+    now = (None, False) if classroom is None else (classroom.id, classroom.teachers_read)
+    if shown != now:
+        raise Rejected(errors.CLASS_CHANGED)
+
+
 def join_code_new() -> str:
     """A fresh random code, unused by any class."""
     while True:
@@ -175,19 +190,36 @@ def nickname_parse(value: object) -> str:
     return nickname
 
 
+def join_limit_key(client: str) -> str:
+    """Whose wrong codes count together: an IPv4 address, or an IPv6 address's /64 (one
+    household or school is given a whole /64, and would otherwise have billions of tries)."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return client
+
+
 def class_by_code(code: str, *, client: str) -> Classroom:
-    """The class a join code opens. Counts the try against ``client``'s (429 beyond
-    ``JOIN_TRIES_PER_MINUTE``); 404 ``join_code_unknown``, 410 ``join_code_expired``."""
-    retry_after = rate_limit_hit(scope="join", key=client, limit=JOIN_TRIES_PER_MINUTE, window_s=60)
+    """The class a join code opens: 404 ``join_code_unknown``, 410 ``join_code_expired``.
+
+    Only wrong codes count against ``client``'s ``JOIN_TRIES_PER_MINUTE`` (a class behind one
+    address joins at once); an address over it is refused (429) before its code is looked at,
+    so it cannot tell a right code from a wrong one by trying."""
+    key = join_limit_key(client)
+    retry_after = rate_limit_reached(
+        scope="join", key=key, limit=JOIN_TRIES_PER_MINUTE, window_s=60
+    )
     if retry_after is not None:
         raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
     normalised = join_code_normalise(code)
     row = Classroom.objects.filter(join_code=normalised).first() if normalised else None
-    if row is None:
-        raise Rejected(errors.JOIN_CODE_UNKNOWN)
-    if row.code_expires_at is not None and row.code_expires_at <= timezone.now():
-        raise Rejected(errors.JOIN_CODE_EXPIRED)
-    return row
+    if row is not None and (row.code_expires_at is None or row.code_expires_at > timezone.now()):
+        return row
+    rate_limit_hit(scope="join", key=key, limit=JOIN_TRIES_PER_MINUTE, window_s=60)
+    raise Rejected(errors.JOIN_CODE_UNKNOWN if row is None else errors.JOIN_CODE_EXPIRED)
 
 
 def class_join(session: object, *, owner_key: str, classroom: Classroom, nickname: str) -> None:

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from assistant import metrics
 from assistant.db import run_db_write
-from assistant.models import Conversation, Message, StreamRecord
+from assistant.models import Classroom, Conversation, Message, StreamRecord
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,19 @@ def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID, keep: uuid
     ).exclude(id=keep).update(replaced_at=timezone.now())
 
 
+def classes_gone(conversations: list[Conversation]) -> None:
+    """New conversations whose class was deleted since the question was asked are stored in no
+    class, as the class's others were (``SET_NULL``), rather than refused with what was said.
+    One query, only when some conversation has a class."""
+    wanted = {c.classroom_id for c in conversations if c.classroom_id is not None}
+    if not wanted:
+        return
+    existing = set(Classroom.objects.filter(id__in=wanted).values_list("id", flat=True))
+    for conversation in conversations:
+        if conversation.classroom_id is not None and conversation.classroom_id not in existing:
+            conversation.classroom_id = None
+
+
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction, one statement per table."""
     with transaction.atomic():
@@ -135,6 +148,7 @@ def rows_write(batch: list[Rows]) -> None:
         touch = {cid for rows in batch for cid in rows.touch}
         records = [r for rows in batch for r in rows.records]
         if conversations:
+            classes_gone(conversations)
             insert_many(Conversation, conversations)
         if messages:
             insert_many(Message, messages)

@@ -25,4 +25,19 @@ def rate_limit_hit(*, scope: str, key: str, limit: int, window_s: int) -> int | 
     count = counter_hit(f"ratelimit:{scope}:{key}:{bucket}", timeout=window_s + 1)
     if count <= limit:
         return None
+    return _until_reset(now, bucket, window_s)
+
+
+def rate_limit_reached(*, scope: str, key: str, limit: int, window_s: int) -> int | None:
+    """``rate_limit_hit``'s answer without counting: for limits that count only failures, read
+    before the attempt so that an address over its limit learns nothing from trying."""
+    now = time.time()
+    bucket = int(now // window_s)
+    count = cache.get(f"ratelimit:{scope}:{key}:{bucket}", 0)
+    if count < limit:
+        return None
+    return _until_reset(now, bucket, window_s)
+
+
+def _until_reset(now: float, bucket: int, window_s: int) -> int:
     return max(1, math.ceil((bucket + 1) * window_s - now))

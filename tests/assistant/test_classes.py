@@ -271,3 +271,96 @@ def test_migrating_keeps_conversations_in_no_class() -> None:
     group = new.get_model("auth", "Group").objects.get(name="Teachers")
     assert [p.codename for p in group.permissions.all()] == ["teach"]
     assert re.fullmatch(r"[A-Z2-9]{6}", join_code_new())
+
+
+@pytest.mark.parametrize("path", ["direct", "django"])
+def test_a_page_that_showed_another_class_or_policy_is_refused(
+    daphne: LiveServer, path: str
+) -> None:
+    """The page says which class it showed and what it said the teacher reads; a question sent
+    under words that no longer hold is refused (409 ``class_changed``) before any answer."""
+    classroom = make_class(teachers_read=False)
+    client = ChatClient(daphne)
+    url = f"/api/chat/stream/{path}"
+
+    def send(shown: dict[str, Any], tag: str) -> Any:
+        body = {"message": f"[scripted tokens=1 ttft_ms=0 tag={tag}] Hi", "conversation": None}
+        return client.post_stream({**body, **shown}, url=url)
+
+    try:
+        join(client, classroom.join_code)
+        mine = str(classroom.id)
+        stale = [
+            ({"class": None, "teachers_read": False}, "no class shown"),
+            ({"class": mine, "teachers_read": True}, "the other policy shown"),
+            ({"class": str(uuid.uuid4()), "teachers_read": False}, "another class shown"),
+        ]
+        for shown, why in stale:
+            tag = f"stale-{uuid.uuid4().hex[:6]}"
+            response = send(shown, tag)
+            assert response.status_code == 409, why
+            assert response.json()["error"]["code"] == "class_changed", why
+            assert starts(daphne, tag) == [] or all(
+                row["event"] != "finish" for row in daphne.engine_events(tag)
+            ), why
+        ok = send({"class": mine, "teachers_read": False}, f"fresh-{uuid.uuid4().hex[:6]}")
+        assert ok.status_code == 200 and "event: done" in ok.text
+        assert send({"class": "nope", "teachers_read": False}, "bad").status_code == 400
+        assert send({"class": mine, "teachers_read": "yes"}, "bad").status_code == 400
+        # The teacher turns reading on: the page that said "cannot read" is now stale.
+        classroom.teachers_read = True
+        classroom.save()
+        response = send({"class": mine, "teachers_read": False}, "turned-on")
+        assert response.json()["error"]["code"] == "class_changed"
+    finally:
+        client.close()
+
+
+def test_only_wrong_codes_count_against_an_address() -> None:
+    """A whole class behind one address joins (right codes are not counted); 60 wrong codes a
+    minute are answered 404, then the address is refused even a right code (429), so it cannot
+    tell one from the other by trying."""
+    from django.core.cache import cache
+    from django.test import Client
+
+    cache.clear()
+    classroom = make_class()
+    for n in range(70):
+        response = Client().post("/c/", {"code": classroom.join_code, "nickname": f"s{n}"})
+        assert response.status_code == 302, n
+    guesser = Client()
+    for n in range(60):
+        assert guesser.post("/c/", {"code": f"ZZZZ{n:02d}"}).status_code == 404, n
+    refused = guesser.post("/c/", {"code": classroom.join_code})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert Client().get(f"/c/{classroom.join_code}").status_code == 429
+    assert ClassMember.objects.filter(classroom=classroom).count() == 70
+    cache.clear()
+
+
+def test_a_class_deleted_while_its_student_is_answered_loses_nothing(daphne: LiveServer) -> None:
+    """The class goes while an answer streams: the new conversation, the question and the
+    answer are stored all the same, in no class."""
+    classroom = make_class()
+    client = ChatClient(daphne)
+    try:
+        join(client, classroom.join_code)
+        stream = client.stream("[scripted tokens=30 ttft_ms=800 itl_ms=20] Tell me about tides")
+        events = [next(stream)]
+        meta = events[0].json()
+        Classroom.objects.filter(id=classroom.id).delete()
+        events += list(stream)
+    finally:
+        client.close()
+    assert events[-1].event == "done"
+    conversation = wait_for(lambda: Conversation.objects.filter(id=meta["conversation"]).first())
+    assert conversation.classroom_id is None
+    stored = wait_for(
+        lambda: (
+            list(Conversation.objects.get(id=conversation.id).messages.all())
+            if Conversation.objects.get(id=conversation.id).messages.count() == 2
+            else None
+        )
+    )
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert stored[1].status == "complete"

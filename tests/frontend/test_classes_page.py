@@ -228,6 +228,40 @@ def test_a_paused_class_is_told_and_gets_no_answer(
     daphne.wait_engine_event(tag, "start")
 
 
+def test_a_page_left_open_while_the_teacher_starts_reading_asks_nothing(
+    open_page: Callable[..., Page], daphne: LiveServer
+) -> None:
+    """The page said the teacher cannot read; the teacher turns reading on; a question from
+    that page is refused with the server's ``class_changed`` message (no engine start), and
+    after a reload the banner says what holds now and questions are answered."""
+    classroom = make_class(name="Art 8", teachers_read=False)
+    page = open_page(f"/c/{classroom.join_code}")
+    submit_and_land(page, daphne)
+    expect(page.locator("#class-banner #class-policy")).to_contain_text(NOT_READ_TEXT)
+
+    def start_reading() -> None:
+        row = Classroom.objects.get(id=classroom.id)
+        row.teachers_read = True
+        row.save(update_fields=["teachers_read", "updated_at"])
+
+    from_db(start_reading)
+    tag = f"stale-{uuid.uuid4().hex[:10]}"
+    answer = ask(page, f"[scripted tokens=5 ttft_ms=0 tag={tag}] What is chiaroscuro?")
+    wait_finished(answer)
+    expect(page.locator("#status")).to_have_text(english(errors.CLASS_CHANGED.message))
+    expect(answer.locator(".body")).to_have_text("")
+    page.wait_for_timeout(300)
+    assert [e for e in daphne.engine_events(tag) if e["event"] == "finish"] == []
+
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    expect(page.locator("#class-banner #class-policy")).to_contain_text(READ_TEXT)
+    tag = f"fresh-{uuid.uuid4().hex[:10]}"
+    answer = ask(page, f"[scripted tokens=5 ttft_ms=0 tag={tag}] What is chiaroscuro?")
+    wait_finished(answer)
+    expect(answer.locator(".body")).to_have_text("".join(default_tokens(5)))
+
+
 @pytest.mark.parametrize("teachers_read", [True, False], ids=["teachers-read", "private"])
 def test_the_banner_says_what_the_teacher_can_see(
     open_page: Callable[..., Page], daphne: LiveServer, teachers_read: bool

@@ -173,6 +173,13 @@ async function renewSession() {
   }
 }
 
+// The class this page showed and what it said the teacher can read: the server refuses the
+// question (409 class_changed) if either changed since, so nobody asks under words that no
+// longer hold.
+function classShown() {
+  return { class: document.body.dataset.class || null, teachers_read: document.body.dataset.teachersRead === "true" };
+}
+
 async function ask(question, { renewed = false, replaces = null } = {}) {
   lastAsk = { question, replaces };
   const asked = bubble("user", question);
@@ -197,7 +204,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
     for (; unshown > 0; unshown -= 1) measured.tokenRendered();
     view.follow();
   };
-  const request = { message: question, conversation: conversationId };
+  const request = { message: question, conversation: conversationId, ...classShown() };
   if (replaces) request.replaces = replaces;
   current = streamChat({
     url: config.streamUrl,

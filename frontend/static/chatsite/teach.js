@@ -1,5 +1,5 @@
-// The class page (teach/class.html): persona examples copied into the persona box with a click,
-// and times shown and typed in the teacher's own time zone. Without this script the page still
+// The teacher's pages: persona examples copied into the persona box with a click (the class
+// page), and times shown and typed in the teacher's own time zone. Without this script the page still
 // works: the examples are plain text to select, and times are in the site's zone.
 
 const pad = (n) => String(n).padStart(2, "0");
@@ -28,11 +28,13 @@ if (zone && browserZone) {
   zone.value = browserZone;
   const expires = document.getElementById("id_code_expires_at");
   if (expires && expires.dataset.utc) expires.value = localInput(new Date(expires.dataset.utc));
-  const language = document.documentElement.lang || undefined;
-  for (const time of document.querySelectorAll("time[data-local]")) {
-    time.textContent = new Date(time.dateTime).toLocaleString(language, {
-      dateStyle: "medium",
-      timeStyle: "short",
-    });
-  }
+}
+
+// Every time on the teacher's pages, in the teacher's own zone and language.
+const language = document.documentElement.lang || undefined;
+for (const time of document.querySelectorAll("time[data-local]")) {
+  time.textContent = new Date(time.dateTime).toLocaleString(language, {
+    dateStyle: "medium",
+    timeStyle: "short",
+  });
 }

@@ -40,6 +40,20 @@ async function refresh() {
   }
 }
 
+// One request at a time, the next a few seconds after the last answered; none while the tab is
+// hidden, and one at once when it is shown again.
+const every = Number(table?.dataset.refreshMs) || 3000;
+let next = null;
+
+function schedule() {
+  clearTimeout(next);
+  if (!document.hidden) next = setTimeout(() => refresh().finally(schedule), every);
+}
+
 if (table) {
-  setInterval(refresh, Number(table.dataset.refreshMs) || 3000);
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) clearTimeout(next);
+    else refresh().finally(schedule);
+  });
+  schedule();
 }

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.test import Client
@@ -156,3 +157,15 @@ def expected(role: str, *, of_class: bool) -> str:
     if role == "other_teacher" and of_class:
         return "404"
     return "ok"
+
+
+def body_of(response: Any) -> bytes:
+    """A response's body, a streamed one (the CSV export streams from an async iterator)
+    included: consumed as the server would, without Django's warning for a sync consumer."""
+    if not getattr(response, "streaming", False):
+        return response.content
+
+    async def collect() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(collect)()

@@ -18,6 +18,7 @@ from assistant.services.class_figures import class_figures
 from tests.assistant.teaching.teaching_support import (
     ROLES,
     World,
+    body_of,
     expected,
     figures_by_id,
     summary,
@@ -78,7 +79,7 @@ def sends_csv(response: Any, world: World, role: str) -> None:
     assert response["Content-Disposition"].startswith(
         f'attachment; filename="class-{world.physics.join_code}-'
     )
-    assert response.content == ("\ufeff" + CSV_HEADER + "\r\n").encode()
+    assert body_of(response) == ("\ufeff" + CSV_HEADER + "\r\n").encode()
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ from django.utils import timezone
 
 from assistant.models import ClassMember, Classroom, StreamRecord
 from assistant.services import class_live
+from assistant.services.class_export import class_csv_page
 from assistant.services.class_figures import student_pseudonym
 from assistant.services.identity import Identity
 from tests.assistant.teaching.teaching_support import (
     World,
+    body_of,
     figures_by_id,
     summary,
 )
@@ -117,6 +119,13 @@ async def test_an_answer_started_while_the_idle_state_is_written_is_published(
 
 
 # Against a real Daphne: students ask, the worker publishes, the teacher reads.
+
+
+def reads_from(classroom: Classroom, teachers_read: bool) -> None:
+    """The teacher's setting, saved as the class page saves it (from now on, when on)."""
+    classroom.refresh_from_db()
+    classroom.teachers_read = teachers_read
+    classroom.save(update_fields=["teachers_read", "updated_at"])
 
 
 def student_joins(client: ChatClient, classroom: Classroom, nickname: str = "") -> str:
@@ -222,7 +231,7 @@ def csv_rows(response: Any) -> list[list[str]]:
     assert response.status_code == 200
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"].startswith("attachment; filename=")
-    body = response.content
+    body = body_of(response)
     assert body.startswith(b"\xef\xbb\xbf")
     return list(csv.reader(io.StringIO(body[3:].decode("utf-8"), newline="")))
 
@@ -248,7 +257,7 @@ def test_the_csv_has_every_record_and_texts_only_where_teachers_may_read(
     the question and the answer as the student saw them only for a class that lets its
     teachers read them; no text at all for one that does not. A cell that a spreadsheet would
     run as a formula starts with an apostrophe."""
-    Classroom.objects.filter(id=world.physics.id).update(teachers_read=True)
+    reads_from(world.physics, True)
     hostile = '=HYPERLINK("x")'
     ada, anon, mallory, bo = (ChatClient(daphne) for _ in range(4))
     started = timezone.now()
@@ -337,7 +346,7 @@ def test_the_csv_has_every_record_and_texts_only_where_teachers_may_read(
     cells = dict(zip(private[0], private[1], strict=True))
     assert (cells["student"], cells["request_id"]) == ("Bo", chemistry_asks[0].request_id)
     assert (cells["outcome"], cells["tokens"]) == ("ok", "3")
-    body = world.client("admin").get(f"/teach/{world.chemistry.id}/records.csv").content
+    body = body_of(world.client("admin").get(f"/teach/{world.chemistry.id}/records.csv"))
     assert "CHEM-SECRET" not in body.decode()
     assert "氧化" not in body.decode()
     assert chemistry_asks[0].answer not in body.decode()
@@ -350,7 +359,7 @@ def test_recent_questions_show_only_where_teachers_may_read(
     """A class that lets its teachers read shows its questions and answers (Chinese as typed,
     markup as text) with the student's nickname; one that does not shows the notice and no
     text; turning it off hides them again."""
-    Classroom.objects.filter(id=world.physics.id).update(teachers_read=True)
+    reads_from(world.physics, True)
     ada, bo = ChatClient(daphne), ChatClient(daphne)
     question = "[scripted tokens=3 ttft_ms=0] 光合作用需要什么？<b>粗体</b>"
     secret = "[scripted tokens=3 ttft_ms=0] 化学作业的答案是什么？SECRET-9B"
@@ -379,7 +388,66 @@ def test_recent_questions_show_only_where_teachers_may_read(
     assert 'id="questions-private"' in html
     assert "SECRET-9B" not in html and "化学作业" not in html
 
-    Classroom.objects.filter(id=world.physics.id).update(teachers_read=False)
+    reads_from(world.physics, False)
     hidden = teacher.get(f"/teach/{world.physics.id}/questions").content.decode()
     assert 'id="questions-private"' in hidden
     assert "光合作用" not in hidden and answer not in hidden
+
+
+@DAPHNE
+def test_questions_asked_before_the_teacher_could_read_them_stay_unread(
+    daphne: LiveServer, world: World
+) -> None:
+    """Students were told their teacher cannot read their questions: turning reading on later
+    shows the teacher the questions asked from then on, never those from before, on the
+    questions page and in the CSV."""
+    student = ChatClient(daphne)
+    try:
+        student_joins(student, world.physics, "Ada")
+        student.ask("[scripted tokens=2 ttft_ms=0] BEFORE-7Q what is a volt?")
+        records_stored(world.physics, 1)
+        reads_from(world.physics, True)
+        student.ask("[scripted tokens=2 ttft_ms=0] AFTER-8Q what is an ampere?")
+        records = records_stored(world.physics, 2)
+    finally:
+        student.close()
+    teacher = world.client("teacher")
+    html = teacher.get(f"/teach/{world.physics.id}/questions").content.decode()
+    assert "AFTER-8Q" in html and "BEFORE-7Q" not in html
+    rows = csv_rows(teacher.get(f"/teach/{world.physics.id}/records.csv"))
+    header, body = rows[0], rows[1:]
+    assert header[-2:] == ["question", "answer"]
+    by_id = {row[header.index("request_id")]: row for row in body}
+    assert set(by_id) == set(records)
+    texts = {rid: (row[-2], row[-1]) for rid, row in by_id.items()}
+    before = [t for t in texts.values() if not t[0]]
+    after = [t for t in texts.values() if t[0]]
+    assert len(before) == 1 and before[0] == ("", "")
+    assert len(after) == 1 and "AFTER-8Q" in after[0][0] and after[0][1]
+    assert "BEFORE-7Q" not in "".join(",".join(row) for row in rows)
+
+
+@pytest.mark.django_db
+def test_the_csv_pages_through_every_record_once_in_order(world: World) -> None:
+    """Pages of 2 over 5 records, 3 of them arriving in the same microsecond: each record once,
+    oldest first, ties in the order they were stored."""
+    at = timezone.now() - timedelta(minutes=5)
+    times = [at, at, at, at + timedelta(seconds=1), at + timedelta(seconds=2)]
+    for n, created in enumerate(times):
+        StreamRecord.objects.create(
+            request_id=f"page-{n}",
+            created_at=created,
+            owner_key="session:x",
+            classroom_id=world.physics.id,
+            path="direct",
+            engine="scripted",
+            outcome="ok",
+        )
+    names: dict[str, str] = {}
+    pages, after = [], None
+    while True:
+        lines, after = class_csv_page(world.physics, after=after, names=names, size=2)
+        pages.append([row[2] for row in csv.reader(io.StringIO(lines, newline=""))])
+        if after is None:
+            break
+    assert pages == [["page-0", "page-1"], ["page-2", "page-3"], ["page-4"]]
