@@ -7,7 +7,9 @@ chatsite's queries are short and independent, so they run on two small pools of 
 * ``run_db`` for reads on the path to the first token (session, history): they never wait
   behind a write;
 * ``run_db_write`` for persistence after the first token: one writer by default, which is all
-  SQLite can use at once anyway, so writers queue in memory instead of spinning on the file lock.
+  SQLite can use at once anyway, so writers queue in memory instead of spinning on the file lock;
+* ``run_db_bulk`` for long reads a person waits for (a class's CSV export), on a thread of their
+  own.
 
 Each call is wrapped like Django's request cycle: stale connections are closed before and after,
 and persistent connections (``CONN_MAX_AGE``) are reused between calls on the same thread.
@@ -56,6 +58,12 @@ async def _run[**P, R](kind: str, func: Callable[P, R], *args: P.args, **kwargs:
 async def run_db[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """Run the synchronous read ``func`` (ORM work) on a reader thread and await its result."""
     return await _run("read", func, *args, **kwargs)
+
+
+async def run_db_bulk[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run the synchronous long read ``func`` (an export) on its own thread, never ahead of the
+    students' reads."""
+    return await _run("bulk", func, *args, **kwargs)
 
 
 async def run_db_write[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

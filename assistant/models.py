@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 
@@ -50,16 +50,25 @@ class Classroom(models.Model):
         return self.name
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Keep ``teachers_read_since`` with ``teachers_read``: now when reading is turned on,
-        none while it is off."""
+        """Keep ``teachers_read_since`` with ``teachers_read``: none while reading is off; when
+        it is turned on, the time it was committed (a question accepted meanwhile under the
+        old promise arrived before it), stamped once the change is committed."""
+        turned_on = self.teachers_read and self.teachers_read_since is None
         if not self.teachers_read:
             self.teachers_read_since = None
-        elif self.teachers_read_since is None:
-            self.teachers_read_since = timezone.now()
         update_fields = kwargs.get("update_fields")
         if update_fields is not None and "teachers_read" in update_fields:
             kwargs["update_fields"] = {*update_fields, "teachers_read_since"}
         super().save(*args, **kwargs)
+        if turned_on:
+            transaction.on_commit(self._reading_stamp)
+
+    def _reading_stamp(self) -> None:
+        stamp = timezone.now()
+        Classroom.objects.filter(
+            pk=self.pk, teachers_read=True, teachers_read_since__isnull=True
+        ).update(teachers_read_since=stamp)
+        self.teachers_read_since = stamp
 
 
 class ClassMember(models.Model):

@@ -6,6 +6,7 @@ Pages go through ``teach_views.teacher_view`` (login page, 403, 404 for another'
 JSON API answers the same refusals as JSON: 401 ``login_required``, 403 ``teachers_only``.
 """
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from functools import wraps
 from typing import Any
@@ -22,7 +23,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from assistant import errors, http
-from assistant.db import run_db
+from assistant.db import run_db_bulk
 from assistant.models import Classroom
 from assistant.services.class_export import After, class_csv_header, class_csv_page
 from assistant.services.class_figures import class_figures, class_questions
@@ -30,6 +31,10 @@ from assistant.services.dashboard import WINDOWS
 from assistant.services.teaching import classes_visible, is_teacher
 from assistant.teach_views import teacher_view
 
+logger = logging.getLogger(__name__)
+
+#: The last line of an export that failed part way (a spreadsheet shows it as the last row).
+CSV_CUT_SHORT = "# export incomplete: the server failed part way; download it again\r\n"
 #: How often the page asks for new figures (the live counts are at most ~2 s old anyway).
 REFRESH_MS = 3000
 
@@ -120,11 +125,19 @@ def class_records_csv(request: HttpRequest, classroom: Classroom) -> HttpRespons
 
 
 async def _csv_stream(classroom: Classroom) -> AsyncIterator[bytes]:
+    """The file, a page of records at a time. A failure after the first bytes cannot become an
+    error status any more: it is logged, and the file ends with a line saying it is cut short
+    (the server must not see the exception: the response has started)."""
     yield ("\ufeff" + class_csv_header(classroom)).encode("utf-8")
     names: dict[str, str] = {}
     after: After = None
     while True:
-        lines, after = await run_db(class_csv_page, classroom, after=after, names=names)
+        try:
+            lines, after = await run_db_bulk(class_csv_page, classroom, after=after, names=names)
+        except Exception:
+            logger.exception("The CSV export of class %s failed part way", classroom.id)
+            yield CSV_CUT_SHORT.encode("utf-8")
+            return
         if lines:
             yield lines.encode("utf-8")
         if after is None:

@@ -141,6 +141,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 CHATSITE_DB_THREADS = {
     "read": env_int("CHATSITE_DB_READ_THREADS", 4),
     "write": env_int("CHATSITE_DB_WRITE_THREADS", 1),
+    # Long reads for people, not students (a class's CSV export): never on the readers above.
+    "bulk": env_int("CHATSITE_DB_BULK_THREADS", 1),
 }
 
 # One process: in memory. Several workers: Redis, shared by all of them (sessions' cache, rate

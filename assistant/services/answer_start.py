@@ -32,7 +32,7 @@ from assistant.services import background
 from assistant.services.admission import SlotTry, chat_admit, chat_release, chat_slot_wait
 from assistant.services.answer import Answer
 from assistant.services.answer_registry import answer_running
-from assistant.services.chat_request import ChatTurn, chat_turn_parse
+from assistant.services.chat_request import ChatTurn, ClassShown, chat_turn_parse
 from assistant.services.class_live import class_live_start
 from assistant.services.classrooms import (
     ClassContext,
@@ -121,7 +121,8 @@ async def answer_start(
         logger.error("Database unavailable before %s started: %s", request_id, exc)
         raise Rejected(errors.DATABASE_UNAVAILABLE, retry_after=DATABASE_RETRY_AFTER_S) from None
     except EngineUnavailable as exc:
-        logger.warning("Engine %r unavailable for %s: %s", alias, request_id, exc)
+        engine_name = getattr(exc, "engine_name", engine_name)
+        logger.warning("Engine %r unavailable for %s: %s", engine_name, request_id, exc)
         stream_refused(serving_path=serving_path, engine=engine_name, reason=exc.code)
         background.spawn(
             _refused_persist(
@@ -162,6 +163,16 @@ async def _refused_persist(
     await rows_store(Rows(records=[record]))
 
 
+def _engine_check(engine: BaseEngine) -> None:
+    """``engine.check()``, naming the engine on a refusal (the one the request started with may
+    have been another: a guess)."""
+    try:
+        engine.check()
+    except EngineUnavailable as exc:
+        exc.engine_name = engine.name  # type: ignore[attr-defined]
+        raise
+
+
 def _usable(engine: BaseEngine) -> bool:
     """The engine can take a request now (its cheap check, no I/O)."""
     try:
@@ -179,12 +190,15 @@ def _messages(
     return [*head, *history, ChatMessage(role="user", content=question)]
 
 
-def _identity_admitted(session_key: str | None, request_id: str) -> tuple[Identity, SlotTry]:
+def _identity_admitted(
+    session_key: str | None, request_id: str, shown: ClassShown
+) -> tuple[Identity, SlotTry]:
     """Who is asking (``Rejected``, 403, without a session), whether their class is open (403
-    ``class_paused``), if their rate allows another stream (else ``Rejected``, 429), and what
-    the try for a stream slot found."""
+    ``class_paused``) and the one their page showed (409 ``class_changed``), if their rate
+    allows another stream (else ``Rejected``, 429), and what the try for a stream slot found."""
     identity = identity_required(session_key)
     class_paused_check(identity.classroom)
+    class_shown_check(shown, identity.classroom)
     slot = chat_admit(
         owner_key=identity.owner_key,
         request_id=request_id,
@@ -197,7 +211,7 @@ def _identity_and_history(
     session_key: str | None, turn: ChatTurn, request_id: str
 ) -> tuple[Identity, SlotTry, list[ChatMessage]]:
     assert turn.conversation_id is not None
-    identity, slot = _identity_admitted(session_key, request_id)
+    identity, slot = _identity_admitted(session_key, request_id, turn.shown)
     try:
         history = _history(identity, turn.conversation_id, before=turn.replaces)
     except BaseException:
@@ -314,7 +328,9 @@ async def _answer_open(
     found: asyncio.Future[Any] | None = None
     try:
         if turn.conversation_id is None:
-            found = asyncio.ensure_future(run_db(_identity_admitted, session_key, request_id))
+            found = asyncio.ensure_future(
+                run_db(_identity_admitted, session_key, request_id, turn.shown)
+            )
             if seat is not None:
                 messages = _messages(turn.message, [], guess)
                 source = _engine_start(engine, messages, guess, timings, ask_now=True)
@@ -324,7 +340,6 @@ async def _answer_open(
             )
         identity, history = await _asker(found, turn=turn, request_id=request_id)
         classroom = identity.classroom
-        class_shown_check(turn.shown, classroom)
         if not (guess_known and _guess_right(guess, classroom)):
             if source is not None:
                 await source.close()
@@ -335,7 +350,7 @@ async def _answer_open(
                     seat.leave()
                     seat = None
                 engine = get_engine(alias)
-                engine.check()
+                _engine_check(engine)
                 seating = seating_for(engine)
         seat = seat or seating.take(client, evict=True)
         if source is None:

@@ -16,6 +16,11 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{8,64}")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
+#: What the page showed of the student's class: its id (None: no class), and whether it said
+#: the class's teachers read the questions; None: the client did not say.
+ClassShown = tuple[uuid.UUID | None, bool] | None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatTurn:
     message: str
@@ -25,7 +30,7 @@ class ChatTurn:
     replaces: uuid.UUID | None = None
     #: What the page showed of the student's class: its id (None: no class) and whether its
     #: teachers read the questions; None when the client did not say (``class_shown_check``).
-    shown: tuple[uuid.UUID | None, bool] | None = None
+    shown: ClassShown = None
 
 
 def request_id_valid(value: object) -> bool:
@@ -79,7 +84,7 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
     )
 
 
-def _class_shown(payload: dict[str, object]) -> tuple[uuid.UUID | None, bool] | None:
+def _class_shown(payload: dict[str, object]) -> ClassShown:
     """``"class": uuid | null`` with ``"teachers_read": bool``, as the page sends them."""
     if "class" not in payload:
         return None

@@ -73,6 +73,7 @@ def class_csv_page(
         rows = Message.objects.filter(
             conversation__classroom=classroom,
             request_id__in=[r.request_id for r in batch if r.created_at >= since],
+            created_at__gte=since,  # a refused request may share a stored one's id
         ).values_list("request_id", "role", "content")
         texts = {(request_id, role): content for request_id, role, content in rows}
     lines: list[list[object]] = []

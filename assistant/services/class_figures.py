@@ -122,6 +122,7 @@ def class_questions(classroom: Classroom, *, limit: int = 50) -> list[dict[str, 
             role=Message.Role.USER,
             replaced_at__isnull=True,
             request_id__in=arrived.values("request_id"),
+            created_at__gte=since,  # a refused request may share a stored one's id
         )
         .order_by("-created_at")
         .values("request_id", "content", "created_at", "conversation__owner_key")[:limit]

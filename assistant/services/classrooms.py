@@ -28,7 +28,7 @@ from assistant import errors
 from assistant.engines import GenerationParams
 from assistant.errors import Rejected
 from assistant.models import ClassMember, Classroom
-from assistant.services.ratelimit import rate_limit_hit, rate_limit_reached
+from assistant.services.ratelimit import rate_limit_forgive, rate_limit_hit
 
 #: The session key holding the student's class id.
 SESSION_CLASS = "classroom"
@@ -206,20 +206,21 @@ def class_by_code(code: str, *, client: str) -> Classroom:
     """The class a join code opens: 404 ``join_code_unknown``, 410 ``join_code_expired``.
 
     Only wrong codes count against ``client``'s ``JOIN_TRIES_PER_MINUTE`` (a class behind one
-    address joins at once); an address over it is refused (429) before its code is looked at,
-    so it cannot tell a right code from a wrong one by trying."""
+    address joins at once). Every try is counted first, atomically, and a right one given back:
+    an address over the limit is refused (429) whatever its code, so it cannot tell a right
+    code from a wrong one, and tries sent at once cannot all slip under the limit."""
     key = join_limit_key(client)
-    retry_after = rate_limit_reached(
-        scope="join", key=key, limit=JOIN_TRIES_PER_MINUTE, window_s=60
-    )
+    retry_after = rate_limit_hit(scope="join", key=key, limit=JOIN_TRIES_PER_MINUTE, window_s=60)
     if retry_after is not None:
         raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
     normalised = join_code_normalise(code)
     row = Classroom.objects.filter(join_code=normalised).first() if normalised else None
-    if row is not None and (row.code_expires_at is None or row.code_expires_at > timezone.now()):
-        return row
-    rate_limit_hit(scope="join", key=key, limit=JOIN_TRIES_PER_MINUTE, window_s=60)
-    raise Rejected(errors.JOIN_CODE_UNKNOWN if row is None else errors.JOIN_CODE_EXPIRED)
+    if row is None:
+        raise Rejected(errors.JOIN_CODE_UNKNOWN)
+    if row.code_expires_at is not None and row.code_expires_at <= timezone.now():
+        raise Rejected(errors.JOIN_CODE_EXPIRED)
+    rate_limit_forgive(scope="join", key=key, window_s=60)
+    return row
 
 
 def class_join(session: object, *, owner_key: str, classroom: Classroom, nickname: str) -> None:

@@ -28,15 +28,15 @@ def rate_limit_hit(*, scope: str, key: str, limit: int, window_s: int) -> int | 
     return _until_reset(now, bucket, window_s)
 
 
-def rate_limit_reached(*, scope: str, key: str, limit: int, window_s: int) -> int | None:
-    """``rate_limit_hit``'s answer without counting: for limits that count only failures, read
-    before the attempt so that an address over its limit learns nothing from trying."""
-    now = time.time()
-    bucket = int(now // window_s)
-    count = cache.get(f"ratelimit:{scope}:{key}:{bucket}", 0)
-    if count < limit:
-        return None
-    return _until_reset(now, bucket, window_s)
+def rate_limit_forgive(*, scope: str, key: str, window_s: int) -> None:
+    """Give back one request counted by ``rate_limit_hit`` in this window: for limits that
+    count only failures, counted first (so that requests at once cannot all slip under the
+    limit) and forgiven when they succeed."""
+    bucket = int(time.time() // window_s)
+    try:
+        cache.decr(f"ratelimit:{scope}:{key}:{bucket}")
+    except ValueError:  # the window turned meanwhile: nothing to give back
+        pass
 
 
 def _until_reset(now: float, bucket: int, window_s: int) -> int:

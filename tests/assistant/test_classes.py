@@ -364,3 +364,22 @@ def test_a_class_deleted_while_its_student_is_answered_loses_nothing(daphne: Liv
     )
     assert [m.role for m in stored] == ["user", "assistant"]
     assert stored[1].status == "complete"
+
+
+def test_a_refused_stale_page_costs_no_question_of_the_rate(daphne: LiveServer) -> None:
+    """``class_changed`` is decided with the session, before the rate limit counts."""
+    classroom = make_class(chat_rate=1)
+    client = ChatClient(daphne)
+    try:
+        join(client, classroom.join_code)
+        stale = {"class": None, "teachers_read": False}
+        for _ in range(3):
+            refused = client.post_stream({"message": "Hi", "conversation": None, **stale})
+            assert refused.json()["error"]["code"] == "class_changed"
+        shown = {"class": str(classroom.id), "teachers_read": False}
+        answered = client.post_stream(
+            {"message": "[scripted tokens=1 ttft_ms=0] Hi", "conversation": None, **shown}
+        )
+        assert answered.status_code == 200 and "event: done" in answered.text
+    finally:
+        client.close()

@@ -31,7 +31,10 @@ function update(payload) {
 
 async function refresh() {
   try {
-    const response = await fetch(table.dataset.url, { credentials: "same-origin" });
+    const response = await fetch(table.dataset.url, {
+      credentials: "same-origin",
+      signal: AbortSignal.timeout(3 * every), // a request that hangs must not stop the updates
+    });
     if (!response.ok) throw new Error(String(response.status));
     update(await response.json());
     status.textContent = "";

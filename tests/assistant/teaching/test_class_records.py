@@ -451,3 +451,23 @@ def test_the_csv_pages_through_every_record_once_in_order(world: World) -> None:
         if after is None:
             break
     assert pages == [["page-0", "page-1"], ["page-2", "page-3"], ["page-4"]]
+
+
+@pytest.mark.django_db
+def test_an_export_that_fails_part_way_says_so_in_the_file(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once the first bytes are out, a failure cannot become an error status: the file ends
+    with a line saying it is cut short, and the failure is logged with its traceback."""
+    from assistant import teach_dashboard_views
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(teach_dashboard_views, "class_csv_page", failing)
+    response = world.client("teacher").get(f"/teach/{world.physics.id}/records.csv")
+    assert response.status_code == 200
+    body = body_of(response).decode("utf-8")
+    assert body == "\ufeff" + CSV_HEADER + "\r\n" + teach_dashboard_views.CSV_CUT_SHORT
+    failed = [r for r in caplog.records if "failed part way" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
