@@ -1,6 +1,8 @@
 """Students joining a class with its code (``/c/`` and ``/c/<code>``) and leaving it. No
 account: the class is held by the student's session (``services/classrooms.py``)."""
 
+import uuid
+
 from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -11,7 +13,6 @@ from assistant import http
 from assistant.errors import Rejected
 from assistant.services.classrooms import (
     CLASS_COOKIE,
-    ClassContext,
     class_by_code,
     class_join,
     class_leave,
@@ -21,14 +22,14 @@ from assistant.services.clients import request_client
 from assistant.services.identity import owner_key_for, session_issue
 
 
-def class_cookie_set(response: HttpResponse, classroom: ClassContext | None) -> None:
+def class_cookie_set(response: HttpResponse, classroom_id: uuid.UUID | None) -> None:
     """Keep the class cookie (the early engine start's guess) in step with the session."""
-    if classroom is None:
+    if classroom_id is None:
         response.delete_cookie(CLASS_COOKIE, samesite="Lax")
         return
     response.set_cookie(
         CLASS_COOKIE,
-        str(classroom.id),
+        str(classroom_id),
         max_age=settings.SESSION_COOKIE_AGE,
         secure=settings.SESSION_COOKIE_SECURE,
         httponly=True,
@@ -36,7 +37,9 @@ def class_cookie_set(response: HttpResponse, classroom: ClassContext | None) -> 
     )
 
 
-def _busy(request: HttpRequest, refused: Rejected) -> HttpResponse:
+def busy_page(request: HttpRequest, refused: Rejected) -> HttpResponse:
+    """A page refused for a while (429 with Retry-After): the reason, and a page that tries
+    again by itself (the chat page's and the join page's)."""
     http.refusal(refused.error)
     context = {"message": refused.error.message, "retry_after": refused.retry_after}
     response = render(request, "assistant/busy.html", context, status=refused.error.status)
@@ -52,7 +55,7 @@ def class_join_page(request: HttpRequest, code: str = "") -> HttpResponse:
     try:
         session_issue(request.session, client=request_client(request))
     except Rejected as refused:
-        return _busy(request, refused)
+        return busy_page(request, refused)
     typed = request.POST.get("code", code) if request.method == "POST" else code
     context: dict[str, object] = {"code": typed, "nickname": request.POST.get("nickname", "")}
     if not typed:
@@ -70,11 +73,11 @@ def class_join_page(request: HttpRequest, code: str = "") -> HttpResponse:
                     nickname=nickname,
                 )
             response = HttpResponseRedirect("/")
-            class_cookie_set(response, ClassContext.of(classroom))
+            class_cookie_set(response, classroom.id)
             return response
     except Rejected as refused:
         if refused.retry_after is not None:
-            return _busy(request, refused)
+            return busy_page(request, refused)
         context["error"] = refused.error.message
         status = refused.error.status
         return render(request, "assistant/join.html", context, status=status)

@@ -27,7 +27,7 @@ from assistant.db import run_db, run_db_write
 from assistant.engines import describe_serving
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent
-from assistant.services.dashboard import WINDOWS, traffic_snapshot
+from assistant.services.dashboard import WINDOWS, traffic_snapshot, window_chosen
 from assistant.services.serving import split_change, split_load
 
 #: Seconds between two snapshots pushed to a dashboard.
@@ -60,10 +60,7 @@ def staff_required(view: AsyncView) -> AsyncView:
 
 
 def _window(request: HttpRequest) -> str:
-    window = request.GET.get("window", "5m")
-    if window not in WINDOWS:
-        raise Rejected(errors.WINDOW_INVALID)
-    return window
+    return window_chosen(request.GET.get("window"), "5m")
 
 
 def dashboard_snapshot(*, window: str) -> dict[str, Any]:

@@ -24,10 +24,11 @@ from django.views.decorators.http import require_GET
 
 from assistant import errors, http
 from assistant.db import run_db_bulk
+from assistant.errors import Rejected
 from assistant.models import Classroom
 from assistant.services.class_export import After, class_csv_header, class_csv_page
 from assistant.services.class_figures import class_figures, class_questions
-from assistant.services.dashboard import WINDOWS
+from assistant.services.dashboard import WINDOWS, window_chosen
 from assistant.services.teaching import classes_visible, is_teacher
 from assistant.teach_views import teacher_view
 
@@ -39,9 +40,8 @@ CSV_CUT_SHORT = "# export incomplete: the server failed part way; download it ag
 REFRESH_MS = 3000
 
 
-def _window(request: HttpRequest) -> str | None:
-    window = request.GET.get("window", "1h")
-    return window if window in WINDOWS else None
+#: The window shown unless the teacher picks another.
+DEFAULT_WINDOW = "1h"
 
 
 def teacher_api(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -82,9 +82,10 @@ def figures_payload(user: Any, window: str) -> dict[str, Any]:
 @teacher_api
 def teach_figures(request: HttpRequest) -> HttpResponse:
     """``GET /teach/api/figures?window=5m|1h|24h``: the teacher's classes and their figures."""
-    window = _window(request)
-    if window is None:
-        return http.api_error(errors.WINDOW_INVALID)
+    try:
+        window = window_chosen(request.GET.get("window"), DEFAULT_WINDOW)
+    except Rejected as refused:
+        return http.api_error(refused.error)
     return JsonResponse(figures_payload(request.user, window))
 
 
@@ -92,7 +93,8 @@ def teach_figures(request: HttpRequest) -> HttpResponse:
 @teacher_view
 def teach_dashboard(request: HttpRequest) -> HttpResponse:
     """``GET /teach/dashboard/``: the figures of the teacher's classes, refreshed live."""
-    window = _window(request) or "1h"
+    window = request.GET.get("window")
+    window = window if window in WINDOWS else DEFAULT_WINDOW
     context = {
         "payload": figures_payload(request.user, window),
         "window": window,

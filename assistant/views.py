@@ -14,7 +14,7 @@ from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, selectors
-from assistant.class_views import class_cookie_set
+from assistant.class_views import busy_page, class_cookie_set
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.forms import login_answer
@@ -50,11 +50,7 @@ def chat_page(request: HttpRequest) -> HttpResponse:
     try:
         session_issue(request.session, client=request_client(request))
     except Rejected as refused:
-        http.refusal(refused.error)
-        context = {"message": refused.error.message, "retry_after": refused.retry_after}
-        response = render(request, "assistant/busy.html", context, status=refused.error.status)
-        response.headers["Retry-After"] = str(refused.retry_after)
-        return response
+        return busy_page(request, refused)
     config = settings.CHATSITE_STREAM
     classroom = session_class(request.session)
     context = {
@@ -65,7 +61,7 @@ def chat_page(request: HttpRequest) -> HttpResponse:
         "classroom": classroom,
     }
     response = render(request, "assistant/chat.html", context)
-    class_cookie_set(response, classroom)
+    class_cookie_set(response, None if classroom is None else classroom.id)
     return response
 
 

@@ -71,6 +71,17 @@ def _one_address_for_every_test_client() -> None:
     settings.CHATSITE_CLIENTS["NEW_SESSIONS_PER_MINUTE"] = 0
 
 
+@pytest.fixture(autouse=True)
+def _site_language_after_each_test() -> Iterator[None]:
+    """A test's in-process request in Chinese leaves Chinese active in this thread (Django's
+    LocaleMiddleware activates, nothing deactivates): the next test would read a lazy message
+    in Chinese. Each test ends with the site's default language again."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
+
+
 @pytest.fixture(scope="session")
 def output_dir() -> Path:
     OUTPUT.mkdir(exist_ok=True)

@@ -289,13 +289,6 @@ async def _asker(
     return identity, history
 
 
-def _guess_right(guess: ClassContext | None, found: ClassContext | None) -> bool:
-    """The class the engine was started for is the one the session holds, as stored now."""
-    if guess is None or found is None:
-        return guess is found
-    return guess.id == found.id and guess.version == found.version
-
-
 async def _answer_open(
     *,
     turn: ChatTurn,
@@ -340,7 +333,8 @@ async def _answer_open(
             )
         identity, history = await _asker(found, turn=turn, request_id=request_id)
         classroom = identity.classroom
-        if not (guess_known and _guess_right(guess, classroom)):
+        # The engine started on the class the session holds, as stored now (or on none)?
+        if not (guess_known and guess == classroom):
             if source is not None:
                 await source.close()
                 source = None

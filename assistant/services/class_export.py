@@ -41,13 +41,10 @@ def _lines(rows: list[list[object]]) -> str:
     return buffer.getvalue()
 
 
-def _with_text(classroom: Classroom) -> bool:
-    return classroom.teachers_read and classroom.teachers_read_since is not None
-
-
 def class_csv_header(classroom: Classroom) -> str:
     """The header line: the text columns only when the class lets its teachers read."""
-    columns = CSV_COLUMNS + (CSV_TEXT_COLUMNS if _with_text(classroom) else ())
+    with_text = classroom.teachers_read_since is not None  # None while they may not read
+    columns = CSV_COLUMNS + (CSV_TEXT_COLUMNS if with_text else ())
     return _lines([list(columns)])
 
 
@@ -67,7 +64,7 @@ def class_csv_page(
     if unknown:
         found = nicknames(classroom, unknown)
         names.update({key: found.get(key) or student_pseudonym(key) for key in unknown})
-    since = classroom.teachers_read_since if _with_text(classroom) else None
+    since = classroom.teachers_read_since  # None while the teachers may not read
     texts: dict[tuple[str, str], str] = {}
     if since is not None:
         rows = Message.objects.filter(

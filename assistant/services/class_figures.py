@@ -8,36 +8,23 @@ waiting for their first token, on any worker) come from ``services/class_live.py
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
 from assistant.models import ClassMember, Classroom, Message, StreamRecord
 from assistant.services.beacons import client_ttft_ms
 from assistant.services.class_live import live_read
-from assistant.services.dashboard import ttft_summary
-from assistant.services.telemetry import SERVER_FAULTS
+from assistant.services.dashboard import REPORTED, PathWindow, ttft_summary
 
 #: A student counts as active now when they asked in this many seconds, or have an answer
 #: streaming.
 ACTIVE_S = 300
 _FIELDS = (
-    "classroom_id", "owner_key", "created_at", "outcome", "server_ttft_ms",
+    "pk", "classroom_id", "owner_key", "created_at", "outcome", "server_ttft_ms",
     "client_ttft_ms", "client_waited_ms", "client_done_ms", "reported",
 )  # fmt: skip
-
-
-@dataclass(slots=True)
-class _ClassWindow:
-    questions: int = 0
-    errors: int = 0
-    abandoned: int = 0
-    active: set[str] = field(default_factory=set)
-    server: list[float] = field(default_factory=list)
-    client: list[float] = field(default_factory=list)
 
 
 def student_pseudonym(owner_key: str) -> str:
@@ -56,42 +43,45 @@ def class_figures(
     start = end - timedelta(seconds=max(window_s, ACTIVE_S))
     window_start = end - timedelta(seconds=window_s)
     active_start = end - timedelta(seconds=ACTIVE_S)
-    windows = {key: _ClassWindow() for key in wanted}
-    reported = ExpressionWrapper(Q(client_reported_at__isnull=False), output_field=BooleanField())
+    windows = {key: PathWindow() for key in wanted}
+    active: dict[str, set[str]] = {key: set() for key in wanted}
     rows = (
         StreamRecord.objects.filter(
             classroom_id__in=wanted, created_at__gte=start, created_at__lte=end
         )
         .order_by()
-        .annotate(reported=reported)
+        .annotate(reported=REPORTED)
         .values_list(*_FIELDS)
     )
-    for classroom_id, owner, at, outcome, server, ttft, waited, done, was_reported in rows:
-        window = windows[str(classroom_id)]
+    for pk, classroom_id, owner, at, outcome, server, ttft, waited, done, was_reported in rows:
         if at >= active_start:
-            window.active.add(owner)
-        if at < window_start:
-            continue
-        window.questions += 1
-        window.errors += outcome in SERVER_FAULTS
-        window.abandoned += outcome == StreamRecord.Outcome.CLIENT_ABORT
-        if server is not None:
-            window.server.append(server)
-        if was_reported:
-            window.client.append(client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done))
+            active[str(classroom_id)].add(owner)
+        if at >= window_start:
+            client = (
+                client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done)
+                if was_reported
+                else None
+            )
+            windows[str(classroom_id)].add(
+                pk=pk,
+                outcome=outcome,
+                buffered=None,
+                server=server,
+                client=client,
+            )
     live = live_read(wanted)
     figures = {}
     for key, window in windows.items():
         now_live = live[key]
         figures[key] = {
-            "active": len(window.active | set(now_live["students"])),
+            "active": len(active[key] | set(now_live["students"])),
             "streaming": now_live["streaming"],
             "waiting": now_live["waiting"],
-            "questions": window.questions,
+            "questions": window.requests,
             "errors": window.errors,
             "abandoned": window.abandoned,
-            "server_ttft_ms": ttft_summary(sorted(window.server)),
-            "client_ttft_ms": ttft_summary(sorted(window.client)),
+            "server_ttft_ms": ttft_summary(sorted(window.server_ttft_ms)),
+            "client_ttft_ms": ttft_summary(sorted(window.client_ttft_ms)),
         }
     return figures
 
@@ -111,8 +101,8 @@ def nicknames(classroom: Classroom, owner_keys: Iterable[str]) -> dict[str, str]
 def class_questions(classroom: Classroom, *, limit: int = 50) -> list[dict[str, Any]]:
     """The class's latest questions with their answers, newest first: those asked while the
     class lets its teachers read them (``teachers_read_since``), none while it does not."""
-    since = classroom.teachers_read_since
-    if not classroom.teachers_read or since is None:
+    since = classroom.teachers_read_since  # None while they may not
+    if since is None:
         return []
     # Asked since: when the request arrived (its record's time), as in the CSV.
     arrived = StreamRecord.objects.filter(classroom_id=classroom.id, created_at__gte=since)

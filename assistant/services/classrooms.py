@@ -109,10 +109,8 @@ def chat_rate_for(context: ClassContext | None) -> int:
     return settings.CHATSITE_RATE_LIMITS["chat"][0]
 
 
-class _Known:
-    """This process's last read of each class, for the early engine start's guess."""
-
-    contexts: dict[str, ClassContext] = {}
+#: This process's last read of each class, by id, for the early engine start's guess.
+_known: dict[str, ClassContext] = {}
 
 
 def class_guess(hint: str | None) -> tuple[bool, ClassContext | None]:
@@ -121,7 +119,7 @@ def class_guess(hint: str | None) -> tuple[bool, ClassContext | None]:
     before the session is read."""
     if not hint:
         return True, None
-    context = _Known.contexts.get(hint)
+    context = _known.get(hint)
     return (context is not None), context
 
 
@@ -132,10 +130,10 @@ def class_context_load(classroom_id: str | None) -> ClassContext | None:
     try:
         row = Classroom.objects.get(id=classroom_id)
     except (Classroom.DoesNotExist, ValidationError, ValueError, TypeError):
-        _Known.contexts.pop(str(classroom_id), None)
+        _known.pop(str(classroom_id), None)
         return None
     context = ClassContext.of(row)
-    _Known.contexts[str(row.id)] = context
+    _known[str(row.id)] = context
     return context
 
 

@@ -19,7 +19,9 @@ from typing import Any
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.utils import timezone
 
+from assistant import errors
 from assistant.benchmarking.stats import percentile
+from assistant.errors import Rejected
 from assistant.models import StreamRecord
 from assistant.services.beacons import client_ttft_ms
 from assistant.services.telemetry import SERVER_FAULTS
@@ -30,6 +32,8 @@ WINDOWS: dict[str, int] = {"5m": 300, "1h": 3600, "24h": 86400}
 #: 33 % above the last. Values at or above the last edge are counted in the last bin.
 HISTOGRAM_EDGES_MS: tuple[float, ...] = (0.0, *(round(10 * 10 ** (i / 8), 1) for i in range(25)))
 PERCENTILES = (50, 95, 99)
+#: Annotates a record with whether the browser reported its timings.
+REPORTED = ExpressionWrapper(Q(client_reported_at__isnull=False), output_field=BooleanField())
 #: What the figures of a path need from each record in the window.
 _WINDOW_FIELDS = (
     "pk", "outcome", "buffered", "server_ttft_ms",
@@ -45,7 +49,7 @@ _SLOWEST_FIELDS = (
 
 @dataclass(slots=True)
 class PathWindow:
-    """What one path's records in the window add up to, before rounding."""
+    """What one path's (or one class's) records in the window add up to, before rounding."""
 
     requests: int = 0
     errors: int = 0
@@ -56,6 +60,26 @@ class PathWindow:
     client_ttft_ms: list[float] = field(default_factory=list)
     #: (TTFT, pk) of each record with one: the browser's where it reported, else the server's.
     ranked: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(
+        self, *, pk: int, outcome: str, buffered: bool | None, server: float | None,
+        client: float | None,
+    ) -> None:  # fmt: skip
+        """Count one record: its outcome, whether it was buffered, its server TTFT and its
+        browser TTFT (None: the browser did not report)."""
+        self.requests += 1
+        self.errors += outcome in SERVER_FAULTS
+        self.abandoned += outcome == StreamRecord.Outcome.CLIENT_ABORT
+        if buffered is not None:
+            self.buffered_checked += 1
+            self.buffered += buffered
+        if server is not None:
+            self.server_ttft_ms.append(server)
+        if client is not None:
+            self.client_ttft_ms.append(client)
+            self.ranked.append((client, pk))
+        elif server is not None:
+            self.ranked.append((server, pk))
 
 
 def _ms(value: float | None) -> float | None:
@@ -70,35 +94,39 @@ def _ratio(candidate: float | None, baseline: float | None) -> float | None:
     return round(candidate / baseline, 3) if candidate is not None and baseline else None
 
 
+def window_chosen(value: str | None, default: str) -> str:
+    """One of ``WINDOWS`` from a request's ``window`` parameter (``default`` when absent);
+    ``Rejected`` (400 ``window_invalid``) for anything else."""
+    window = default if value is None else value
+    if window not in WINDOWS:
+        raise Rejected(errors.WINDOW_INVALID)
+    return window
+
+
 def _in_window(*, path: str, start: datetime, end: datetime) -> QuerySet[StreamRecord]:
     return StreamRecord.objects.filter(path=path, created_at__gte=start, created_at__lte=end)
 
 
 def path_window_read(*, path: str, start: datetime, end: datetime) -> PathWindow:
     """Synchronous (ORM), one query: the records on ``path`` created in [start, end]."""
-    reported = ExpressionWrapper(Q(client_reported_at__isnull=False), output_field=BooleanField())
     rows = (
         _in_window(path=path, start=start, end=end)
         .order_by()
-        .annotate(reported=reported)
+        .annotate(reported=REPORTED)
         .values_list(*_WINDOW_FIELDS)
     )
     window = PathWindow()
     for pk, outcome, buffered, server, ttft, waited, done, was_reported in rows:
-        window.requests += 1
-        window.errors += outcome in SERVER_FAULTS
-        window.abandoned += outcome == StreamRecord.Outcome.CLIENT_ABORT
-        if buffered is not None:
-            window.buffered_checked += 1
-            window.buffered += buffered
-        if server is not None:
-            window.server_ttft_ms.append(server)
-        if was_reported:
-            client = client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done)
-            window.client_ttft_ms.append(client)
-            window.ranked.append((client, pk))
-        elif server is not None:
-            window.ranked.append((server, pk))
+        client = (
+            client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done) if was_reported else None
+        )
+        window.add(
+            pk=pk,
+            outcome=outcome,
+            buffered=buffered,
+            server=server,
+            client=client,
+        )
     return window
 
 
