@@ -26,7 +26,7 @@ from assistant.services.answer import Answer
 from assistant.services.answer_start import answer_start
 from assistant.services.chat_request import request_id_choose
 from assistant.services.clients import scope_client
-from assistant.services.frames import server_error_frame
+from assistant.services.frames import SITE_FRAMES
 from assistant.services.timings import StreamTimings, received_at
 from assistant.transport import scope_connection
 
@@ -76,7 +76,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             return
         chunk = message.get("body", b"")
         self.body_size += len(chunk)
-        if self.body_size > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
+        if self.body_size > self.body_limit():
             self.response_task = asyncio.create_task(self.send_error(errors.BODY_TOO_LARGE))
             return
         self.body_chunks.append(chunk)
@@ -90,11 +90,18 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         if task is not None and not task.done():
             answer = self.answer
             if answer is not None and not answer.finished:
-                answer.detach()  # it goes on for the resume grace, in this task
+                self.client_gone(answer)
             else:
                 task.cancel()
                 await asyncio.wait({task})
         raise StopConsumer()
+
+    def body_limit(self) -> int:
+        return settings.CHATSITE_STREAM["MAX_BODY_BYTES"]
+
+    def client_gone(self, answer: Answer) -> None:
+        """The client left mid-answer: it goes on for the resume grace, in this task."""
+        answer.detach()
 
     async def send_error(
         self, error: errors.ApiError, extra: list[tuple[bytes, bytes]] | None = None
@@ -109,10 +116,14 @@ class ChatStreamConsumer(AsyncHttpConsumer):
             raise
         except Exception:
             logger.exception("Chat stream crashed")
-            if not self.response_started:
-                await self.send_error(errors.SERVER_FAILED)
-            elif not self.disconnected:
-                await self.send_body(server_error_frame(), more_body=False)
+            await self.crashed()
+
+    async def crashed(self) -> None:
+        """Tell the client the server failed: an error response, or the stream's last frame."""
+        if not self.response_started:
+            await self.send_error(errors.SERVER_FAILED)
+        elif not self.disconnected:
+            await self.send_body(SITE_FRAMES.server_error(), more_body=False)
 
     async def answer_or_refuse(self, body: bytes) -> None:
         # Method, content type and host were checked by the router (assistant.routing).

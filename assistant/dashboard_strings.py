@@ -53,6 +53,7 @@ DASHBOARD_STRINGS: dict[str, str | Promise] = {
     # The path cards and the ratio badge.
     "roleBaseline": _("baseline"),
     "roleCandidate": _("candidate"),
+    "roleApi": _("API, by key"),
     "engineName": _("engine: {engine}"),
     "kpiRequests": _("Requests"),
     "kpiErrors": _("Errors"),

@@ -185,3 +185,17 @@ CLASS_CHANGED = ApiError(
         "teacher can see changed). Reload the page to read it before you ask."
     ),
 )
+# The OpenAI-compatible API (/v1/): sent in OpenAI's error object (``services/openai_wire``).
+API_KEY_MISSING = ApiError(
+    401,
+    "missing_api_key",
+    _("Send an API key: Authorization: Bearer csk-... (ask a teacher or an admin for one)."),
+)
+API_KEY_INVALID = ApiError(401, "invalid_api_key", _("That API key is not valid, or was revoked."))
+MODEL_NOT_FOUND = ApiError(404, "model_not_found", _("No such model: GET /v1/models lists them."))
+API_METHOD_NOT_ALLOWED = ApiError(405, "method_not_allowed", _("Use POST for chat completions."))
+API_MODELS_METHOD = ApiError(405, "method_not_allowed", _("Use GET to list the models."))
+API_INVALID_REQUEST = ApiError(400, "invalid_request", _("The request is not valid."))
+API_NOT_FOUND = ApiError(
+    404, "not_found", _("No such endpoint: see /v1/models and /v1/chat/completions.")
+)

@@ -1,6 +1,6 @@
 """Every Prometheus metric chatsite exports, defined once, at import.
 
-Label values are bounded: ``path`` is a serving path name (``direct``, later ``django``),
+Label values are bounded: ``path`` is a serving path name (``direct``, ``django``, ``api``),
 ``engine`` an engine name, ``source`` ``server`` or ``client``, ``outcome`` and ``reason`` short
 fixed codes. Never a user, session or request id.
 

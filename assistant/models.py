@@ -218,6 +218,37 @@ class StreamRecord(models.Model):
         return f"{self.request_id} {self.path} {self.outcome}"
 
 
+class ApiKey(models.Model):
+    """A bearer key for the OpenAI-compatible API (``/v1/``): created by an admin (for the
+    site, or for a class) or by a teacher for their class, shown once, stored only as a hash
+    (``services/api_keys.py``). A class's key answers with the class's persona and settings."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=80)
+    #: The key's public part, shown in lists and logs, and how it is found.
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    #: SHA-256 of the whole key, hex: the key itself is never stored.
+    digest = models.CharField(max_length=64, editable=False)
+    #: The class it answers for; null: the site (admins only). Deleting the class ends it.
+    classroom = models.ForeignKey(
+        Classroom, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    #: Requests per minute; null: the site's (``CHATSITE_API_RATE``).
+    rate = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    #: When it was revoked: refused from the next request on.
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
 class ClassLoad(models.Model):
     """What one worker process is answering for classes right now, published every few seconds
     while it answers any (``services/class_live.py``); the teacher's dashboard adds up the rows

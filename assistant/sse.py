@@ -42,8 +42,9 @@ def encode_event(
     return "".join(parts).encode("utf-8")
 
 
-def encode_json_event(payload: Any, *, event: str, id: str | None = None) -> bytes:
-    """An event whose data is compact JSON (one line: JSON escapes every line break)."""
+def encode_json_event(payload: Any, *, event: str | None = None, id: str | None = None) -> bytes:
+    """An event whose data is compact JSON (one line: JSON escapes every line break); without
+    ``event``, a plain message (what OpenAI-style streams send)."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return encode_event(data, event=event, id=id)
 

@@ -1,9 +1,10 @@
-"""The teachers' pages, under ``/teach/``: accounts and classes (``teach_views.py``), and the
-live figures of a teacher's classes (``teach_dashboard_views.py``)."""
+"""The teachers' pages, under ``/teach/``: accounts and classes (``teach_views.py``), the live
+figures of a teacher's classes (``teach_dashboard_views.py``), and a class's API keys
+(``teach_keys_views.py``)."""
 
 from django.urls import path
 
-from assistant import teach_dashboard_views, teach_views
+from assistant import teach_dashboard_views, teach_keys_views, teach_views
 
 app_name = "teach"
 
@@ -28,5 +29,11 @@ urlpatterns = [
         "<uuid:classroom_id>/records.csv",
         teach_dashboard_views.class_records_csv,
         name="records",
+    ),
+    path("<uuid:classroom_id>/keys", teach_keys_views.class_keys_page, name="keys"),
+    path(
+        "<uuid:classroom_id>/keys/<uuid:key_id>/revoke",
+        teach_keys_views.class_key_revoke,
+        name="key-revoke",
     ),
 ]

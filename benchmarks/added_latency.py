@@ -15,6 +15,9 @@ The same client measures three servers on loopback, one at a time:
 * ``chatsite-django``: the same server, ``django`` path (an async view behind the middleware).
 * ``chatsite-class``: ``chatsite`` for a student who joined a class (its persona and settings
   read with the session on every question).
+* ``chatsite-api``: the same server's OpenAI-compatible API (``POST /v1/chat/completions``,
+  streamed, a key in the ``Authorization`` header); its first token is the first chunk with
+  content.
 
 Beside each figure: the server process's CPU time per answer over the measured run (user +
 system, from ``/proc/<pid>/stat``).
@@ -43,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from assistant.benchmarking import SSEParser, percentile  # noqa: E402
 from assistant.benchmarking.ports import accepts, free_port  # noqa: E402
-from assistant.benchmarking.servers import BENCHMARK_ENV, start_daphne  # noqa: E402
+from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
 
 BARE_SERVER = r"""
 import asyncio, sys
@@ -123,14 +126,20 @@ async def one_request(port: int, request: bytes) -> float:
         async for data in body_pieces(reader, head):
             start += data[: 300 - len(start)]
             for event in parser.feed(data):
-                if first_token is None and event.event == "token":
+                if first_token is None and is_token(event.event, event.data):
                     first_token = time.perf_counter() - sent
-                done = done or event.event == "done"
+                done = done or event.event == "done" or event.data == "[DONE]"
         if first_token is None or not done:
             raise ConnectionError(f"incomplete answer: {head + start!r}")
         return first_token
     finally:
         writer.close()
+
+
+def is_token(event: str, data: str) -> bool:
+    """A token: the page's ``token`` event, or an OpenAI chunk with content (not the one that
+    carries only the role)."""
+    return event == "token" or ('"content":"' in data and '"content":""' not in data)
 
 
 async def run_load(port: int, request: bytes, total: int, concurrency: int) -> list[float]:
@@ -146,7 +155,12 @@ async def run_load(port: int, request: bytes, total: int, concurrency: int) -> l
 
 
 def build_request(
-    port: int, body: bytes, cookies: str = "", token: str = "", path: str = "/api/chat/stream"
+    port: int,
+    body: bytes,
+    cookies: str = "",
+    token: str = "",
+    path: str = "/api/chat/stream",
+    key: str = "",
 ) -> bytes:
     lines = [
         f"POST {path} HTTP/1.1",
@@ -159,6 +173,8 @@ def build_request(
         lines.append(f"Cookie: {cookies}")
     if token:
         lines.append(f"X-CSRFToken: {token}")
+    if key:
+        lines.append(f"Authorization: Bearer {key}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -219,6 +235,36 @@ def class_create(root: Path, env: dict[str, str]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+KEY_CREATE = [sys.executable, "manage.py", "apikey", "create", "bench", "--rate", "100000000"]
+
+
+def key_create(root: Path, env: dict[str, str]) -> str:
+    """An API key in the benchmark's database (printed alone on stdout)."""
+    done = subprocess.run(KEY_CREATE, cwd=root, env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def page_request(
+    name: str, server: LiveServer, root: Path, env: dict[str, str], db: Path
+) -> tuple[int, bytes]:
+    """The page's question as a browser sends it: session and CSRF cookies from a page load
+    (and the class joined, for ``chatsite-class``)."""
+    import httpx
+
+    browser = httpx.Client(base_url=server.url)
+    page = browser.get("/")
+    if name == "chatsite-class":
+        code = class_create(root, {**env, "CHATSITE_SQLITE_PATH": str(db)})
+        token = browser.cookies["csrftoken"]
+        browser.post("/c/", data={"code": code, "csrfmiddlewaretoken": token})
+    cookies = "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar)
+    browser.close()
+    body = json.dumps({"message": "What is photosynthesis?"}).encode()
+    path = "/api/chat/stream/django" if name == "chatsite-django" else "/api/chat/stream"
+    token = page.cookies["csrftoken"]
+    return server.port, build_request(server.port, body, cookies, token, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -229,7 +275,14 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=["bare", "uvicorn", "chatsite", "chatsite-django", "chatsite-class"],
+        choices=[
+            "bare",
+            "uvicorn",
+            "chatsite",
+            "chatsite-django",
+            "chatsite-class",
+            "chatsite-api",
+        ],
         default=["bare", "uvicorn", "chatsite", "chatsite-django"],
     )
     parser.add_argument(
@@ -265,25 +318,16 @@ def main() -> None:
                         "CHATSITE_RESUME_GRACE_S": "0",
                     },
                 )
-                import httpx
-
-                browser = httpx.Client(base_url=server.url)
-                page = browser.get("/")
-                if name == "chatsite-class":
-                    code = class_create(
-                        args.chatsite_root, {**env, "CHATSITE_SQLITE_PATH": str(db)}
-                    )
-                    token = browser.cookies["csrftoken"]
-                    browser.post("/c/", data={"code": code, "csrfmiddlewaretoken": token})
-                cookies = "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar)
-                browser.close()
-                port = server.port
-                body = json.dumps({"message": "What is photosynthesis?"}).encode()
-                path = (
-                    "/api/chat/stream/django" if name == "chatsite-django" else "/api/chat/stream"
-                )
-                token = page.cookies["csrftoken"]
-                request = build_request(port, body, cookies, token, path)
+                if name == "chatsite-api":
+                    key = key_create(args.chatsite_root, {**env, "CHATSITE_SQLITE_PATH": str(db)})
+                    question = {"role": "user", "content": "What is photosynthesis?"}
+                    body = json.dumps(
+                        {"model": "chatsite", "messages": [question], "stream": True}
+                    ).encode()
+                    port = server.port
+                    request = build_request(port, body, path="/v1/chat/completions", key=key)
+                else:
+                    port, request = page_request(name, server, args.chatsite_root, env, db)
             else:
                 port = free_port()
                 code = BARE_SERVER if name == "bare" else UVICORN_SERVER

@@ -361,6 +361,17 @@ CHATSITE_CLASS_BOUNDS = {
     "CHAT_RATE_MAX": env_int("CHATSITE_CLASS_CHAT_RATE_MAX", 120),
 }
 
+# The OpenAI-compatible API (/v1/, docs/operators.md).
+CHATSITE_API = {
+    # The model id /v1/models lists and requests name; the split picks the engine behind it.
+    "MODEL": env_str("CHATSITE_API_MODEL", "chatsite"),
+    # Requests per minute per key, unless the key sets its own.
+    "RATE": env_int("CHATSITE_API_RATE", 600),
+    # A request carries its whole conversation: more room than the page's one question.
+    "MAX_BODY_BYTES": env_int("CHATSITE_API_MAX_BODY_BYTES", 256 * 1024),
+    "MAX_MESSAGES": env_int("CHATSITE_API_MAX_MESSAGES", 64),
+}
+
 # (requests, seconds) per session or user.
 CHATSITE_RATE_LIMITS = {
     "beacon": (env_int("CHATSITE_BEACON_RATE", 120), 60),

@@ -55,6 +55,10 @@ class Delta:
     finish_reason: str | None = None
     #: Set (with empty text) while the request waits for the engine: 1 means next.
     queue_position: int | None = None
+    #: The prompt's and the answer's lengths in tokens, where the engine tells them (on any
+    #: one delta; a delta may hold several tokens, so the answer's is not the deltas' count).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class EngineError(Exception):

@@ -76,6 +76,9 @@ class OpenAIHTTPEngine(BaseEngine):
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "stream": True,
+            # Token counts come in a last chunk (OpenAI's API, vLLM and llama.cpp's server
+            # honour it): the API's usage reports them.
+            "stream_options": {"include_usage": True},
         }
         # Neutral values are left out, so the served model's own generation config (which vLLM
         # applies to whatever a request does not set) decides them.
@@ -150,4 +153,10 @@ def _parse_chunk(data: str, *, started: bool) -> list[Delta]:
         raise error("The model server sent a malformed chunk.", code="bad_chunk")
     text = (choice.get("delta") or {}).get("content") or ""
     finish = choice.get("finish_reason")
-    return [Delta(text, finish_reason=finish)] if (text or finish) else []
+    deltas = [Delta(text, finish_reason=finish)] if (text or finish) else []
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        counts = [usage.get(name) for name in ("prompt_tokens", "completion_tokens")]
+        if all(isinstance(count, int) for count in counts):
+            deltas.append(Delta("", prompt_tokens=counts[0], completion_tokens=counts[1]))
+    return deltas

@@ -115,7 +115,9 @@ class ScriptedEngine(BaseEngine):
                 sent += 1
                 yield Delta(token)
             finish = "length" if len(tokens) >= params.max_tokens else "stop"
-            yield Delta("", finish_reason=finish)
+            # Its "tokenizer": the prompt's words (what a usage report can be checked against).
+            prompt_tokens = sum(len(m.content.split()) for m in messages)
+            yield Delta("", finish_reason=finish, prompt_tokens=prompt_tokens)
             self._record("finish", tag=tag, tokens=sent)
         except (asyncio.CancelledError, GeneratorExit):
             self._record("cancel", tag=tag, tokens=sent)

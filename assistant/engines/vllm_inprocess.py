@@ -71,10 +71,18 @@ class VLLMInProcessEngine(BaseEngine):
         finished = False
         try:
             prompt = await self._prompt(messages)
+            generated = 0  # DELTA outputs carry only the new tokens' ids
             async for output in self._llm.generate(prompt, sampling, request_id):
+                done = output.finished
                 for completion in output.outputs:
+                    generated += len(completion.token_ids or ())
                     if completion.text or completion.finish_reason:
-                        yield Delta(completion.text, finish_reason=completion.finish_reason)
+                        yield Delta(
+                            completion.text,
+                            finish_reason=completion.finish_reason,
+                            prompt_tokens=len(output.prompt_token_ids or ()) if done else None,
+                            completion_tokens=generated if done else None,
+                        )
                 finished = output.finished
         except EngineError:
             raise

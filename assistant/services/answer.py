@@ -1,6 +1,6 @@
 """One answer, from a started engine to its stored record: the runner both serving paths share.
 
-An ``Answer`` (made by ``services/answer_start.py``) owns everything about one answer: the
+An ``Answer`` (made by ``services/answer_open.py``) owns everything about one answer: the
 engine's stream, the frames, the buffer a resume reads (``AnswerBuffer``), the pings, the check
 for a client that stopped reading, the outcome, the student's stream slot and seat, what is
 stored and what is measured. Transports use four calls and never write its state:
@@ -42,17 +42,7 @@ from assistant.services.answer_registry import (
 )
 from assistant.services.conversations import Exchange, answer_rows, answer_store, question_rows
 from assistant.services.engine_stream import EngineStream
-from assistant.services.frames import (
-    OPEN,
-    Heartbeat,
-    done_frame,
-    error_frame,
-    meta_frame,
-    ping_interval,
-    queue_frame,
-    server_error_frame,
-    token_frame,
-)
+from assistant.services.frames import SITE_FRAMES, Frames, Heartbeat, ping_interval
 from assistant.services.identity import Identity
 from assistant.services.persistence import rows_store
 from assistant.services.seats import Seat
@@ -91,11 +81,20 @@ class Answer:
     timings: StreamTimings
     #: Its place on the engine, given back when it ends.
     seat: Seat
+    #: The wire format of its frames: the page's events, or OpenAI's chunks.
+    frames: Frames = SITE_FRAMES
+    #: Whether it holds one of its owner's stream slots (an API key's answers hold none).
+    holds_slot: bool = True
+    #: Whether a client may resume it (the page's may; no API client does: it is not kept).
+    resumable: bool = True
     outcome: Outcome = Outcome.CLIENT_ABORT
     #: Why it ended early: an engine's or the error catalogue's code ("" when it did not).
     error_code: str = ""
     #: The engine's own finish reason (stop, length, ...).
     finish_reason: str = ""
+    #: The prompt's and the answer's lengths in tokens, where the engine tells them.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     text: list[str] = field(default_factory=list)
     buffer: AnswerBuffer = field(init=False)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
@@ -110,12 +109,14 @@ class Answer:
     _closed: bool = False
 
     def __post_init__(self) -> None:
+        self._slot_released = not self.holds_slot
         self.buffer = AnswerBuffer(
             request_id=self.request_id, unheard=self.preempt, contended=self.engine.contended
         )
         self.seat.give_up = self.give_up
         self.seat.unheard = lambda: self.buffer.abandoned
-        answer_register(self, resumable=settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0)
+        self.resumable = self.resumable and settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0
+        answer_register(self, resumable=self.resumable)
 
     @property
     def request_id(self) -> str:
@@ -164,7 +165,7 @@ class Answer:
                         break
                     except Exception:
                         logger.exception("Answer %s crashed", self.request_id)
-                        await self._deliver(None, server_error_frame())
+                        await self._deliver(None, self.frames.server_error())
                         break
                     await self._deliver(token_id, frame)
         finally:
@@ -254,6 +255,8 @@ class Answer:
         return True
 
     async def _deliver(self, token_id: int | None, frame: bytes) -> None:
+        if not frame:
+            return  # nothing in this wire format
         self.buffer.keep(token_id, frame)
         live = self._live
         if live is not None:
@@ -282,7 +285,7 @@ class Answer:
         config = settings.CHATSITE_STREAM
         limits = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
         try:
-            yield None, OPEN
+            yield None, self.frames.open()
             yield None, self._meta()
             while (item := await self._next_frame(*limits)) is not None:
                 yield item
@@ -294,7 +297,12 @@ class Answer:
             reason = self.finish_reason or "stop"
             yield (
                 None,
-                done_frame(finish_reason=reason, tokens=timings.tokens, timings=timings.as_ms()),
+                self.frames.done(
+                    finish_reason=reason,
+                    tokens=timings.tokens,
+                    timings=timings.as_ms(),
+                    usage=(self.prompt_tokens, self.completion_tokens),
+                ),
             )
         except EngineError as exc:
             timed_out = isinstance(exc, EngineTimeout)
@@ -305,7 +313,7 @@ class Answer:
             else:
                 failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
             await self._release_slot()
-            yield None, error_frame(exc.code, failed.message)
+            yield None, self.frames.error(exc.code, failed.message)
         except Ended as ended:
             end = ended.end
             self._ended(end.outcome, end.code)
@@ -313,7 +321,7 @@ class Answer:
             await self._release_slot()
             if end.message:
                 # Kept for a resume; a dropped reader's connection is gone already.
-                yield None, error_frame(end.code, end.message)
+                yield None, self.frames.error(end.code, end.message)
         except Exception:
             self._ended(Outcome.SERVER_ERROR, "server_error")
             raise
@@ -332,7 +340,11 @@ class Answer:
             except StopAsyncIteration:
                 return None
             if delta.queue_position is not None:
-                return None, queue_frame(delta.queue_position)
+                return None, self.frames.queue(delta.queue_position)
+            if delta.prompt_tokens is not None:
+                self.prompt_tokens = delta.prompt_tokens
+            if delta.completion_tokens is not None:
+                self.completion_tokens = delta.completion_tokens
             if delta.finish_reason:
                 self.finish_reason = delta.finish_reason
             if delta.text:
@@ -340,11 +352,11 @@ class Answer:
                     timings.engine_first_delta = now()
                 text = _UNPAIRED.sub("\ufffd", delta.text)
                 self.text.append(text)
-                return timings.tokens + 1, token_frame(text, timings.tokens + 1)
+                return timings.tokens + 1, self.frames.token(text, timings.tokens + 1)
 
     def _meta(self) -> bytes:
         exchange = self.exchange
-        return meta_frame(
+        return self.frames.meta(
             request_id=exchange.request_id,
             conversation_id=exchange.conversation_id,
             message_id=exchange.answer_message_id,
@@ -403,11 +415,11 @@ class Answer:
                 background.spawn(self._release_slot(), name=f"release:{self.request_id}")
 
     def _finish(self) -> None:
-        """Listeners see the end; the answer stays resumable for ``RESUME_KEEP_S``."""
+        """Listeners see the end; a resumable answer stays so for ``RESUME_KEEP_S``."""
         self.buffer.finish()
         self._task = None
         answer_ended(self)
-        if settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0:
+        if self.resumable:
             self.loop.call_later(settings.CHATSITE_STREAM["RESUME_KEEP_S"], answer_forget, self)
 
     def _summary(self) -> AnswerSummary:

@@ -24,6 +24,7 @@ from assistant.benchmarking.stats import percentile
 from assistant.errors import Rejected
 from assistant.models import StreamRecord
 from assistant.services.beacons import client_ttft_ms
+from assistant.services.serving_state import API_PATH
 from assistant.services.telemetry import SERVER_FAULTS
 
 #: The windows the dashboard offers, in seconds.
@@ -225,9 +226,10 @@ def traffic_snapshot(
 
     Returns ``paths`` (per path: role, latest engine, requests, errors and abandons with their
     rates, buffered streams, server and browser TTFT percentiles), ``ratio`` (candidate over
-    baseline P95s, and the error-rate difference in points), ``histogram`` (TTFT counts per bin
+    baseline P95s, and the error-rate difference in points; the ``api`` path is listed too, not
+    compared), ``histogram`` (TTFT counts per bin
     of ``edges_ms``) and ``slowest`` (the slowest records on either path, with their
-    waterfalls). At most five queries; two when the window is empty.
+    waterfalls). At most seven queries; three when the window is empty.
     """
     if baseline == candidate:
         raise ValueError("baseline and candidate must be different paths")
@@ -236,7 +238,9 @@ def traffic_snapshot(
     paths: dict[str, Any] = {}
     counts: dict[str, dict[str, list[int]]] = {}
     ranked: list[tuple[float, int]] = []
-    for role, path in (("baseline", baseline), ("candidate", candidate)):
+    # The API's traffic (services/api_answer.py) is shown beside the two paths it is split
+    # between, labelled as its own.
+    for role, path in (("baseline", baseline), ("candidate", candidate), ("api", API_PATH)):
         window = path_window_read(path=path, start=start, end=end)
         window.server_ttft_ms.sort()
         window.client_ttft_ms.sort()

@@ -18,53 +18,70 @@ OPEN = sse.encode_comment("open")
 PING = sse.encode_comment("ping")
 
 
-def meta_frame(
-    *,
-    request_id: str,
-    conversation_id: uuid.UUID,
-    message_id: uuid.UUID,
-    user_message_id: uuid.UUID,
-    serving_path: str,
-    engine: str,
-) -> bytes:
-    """Which answer this is: the first event of every stream (and of every resume)."""
-    return sse.encode_json_event(
-        {
-            "request_id": request_id,
-            "conversation": str(conversation_id),
-            "message": str(message_id),
-            "user_message": str(user_message_id),
-            "path": serving_path,
-            "engine": engine,
-        },
-        event="meta",
-    )
+class Frames:
+    """How an answer's frames are written: the page's events (``meta``, ``token``, ``done``,
+    ``error``, ``queue``; docs/protocol.md). Another wire format (``services/openai_wire.py``)
+    overrides these; an empty frame is not sent. Pings are the same comment in every format."""
+
+    def open(self) -> bytes:
+        return OPEN
+
+    def meta(
+        self,
+        *,
+        request_id: str,
+        conversation_id: uuid.UUID,
+        message_id: uuid.UUID,
+        user_message_id: uuid.UUID,
+        serving_path: str,
+        engine: str,
+    ) -> bytes:
+        """Which answer this is: the first event of every stream (and of every resume)."""
+        return sse.encode_json_event(
+            {
+                "request_id": request_id,
+                "conversation": str(conversation_id),
+                "message": str(message_id),
+                "user_message": str(user_message_id),
+                "path": serving_path,
+                "engine": engine,
+            },
+            event="meta",
+        )
+
+    def token(self, text: str, token_id: int) -> bytes:
+        """One piece of the answer; ``token_id`` counts from 1 and is what a resume names."""
+        return sse.encode_json_event({"text": text}, event="token", id=str(token_id))
+
+    def queue(self, position: int) -> bytes:
+        """Where the request stands in the engine's queue (1: next)."""
+        return sse.encode_json_event({"position": position}, event="queue")
+
+    def done(
+        self,
+        *,
+        finish_reason: str,
+        tokens: int,
+        timings: dict[str, float | int | None],
+        usage: tuple[int | None, int | None],
+    ) -> bytes:
+        """The last frame of an answer that ended well; ``usage``: the prompt's and the
+        answer's lengths in tokens where the engine told them (not part of this format)."""
+        return sse.encode_json_event(
+            {"finish_reason": finish_reason, "tokens": tokens, "timings": timings}, event="done"
+        )
+
+    def error(self, code: str, message: str | Promise) -> bytes:
+        """The ``error`` event that ends a stream; ``message`` is made text in the active
+        language."""
+        return sse.encode_json_event({"code": code, "message": str(message)}, event="error")
+
+    def server_error(self) -> bytes:
+        """The last frame of a stream the server itself broke."""
+        return self.error("server_error", "The server failed while answering.")
 
 
-def token_frame(text: str, token_id: int) -> bytes:
-    """One piece of the answer; ``token_id`` counts from 1 and is what a resume names."""
-    return sse.encode_json_event({"text": text}, event="token", id=str(token_id))
-
-
-def done_frame(*, finish_reason: str, tokens: int, timings: dict[str, float | int | None]) -> bytes:
-    return sse.encode_json_event(
-        {"finish_reason": finish_reason, "tokens": tokens, "timings": timings}, event="done"
-    )
-
-
-def error_frame(code: str, message: str | Promise) -> bytes:
-    """The ``error`` event that ends a stream; ``message`` is made text in the active language."""
-    return sse.encode_json_event({"code": code, "message": str(message)}, event="error")
-
-
-def queue_frame(position: int) -> bytes:
-    """Where the request stands in the engine's queue (1: next)."""
-    return sse.encode_json_event({"position": position}, event="queue")
-
-
-def server_error_frame() -> bytes:
-    """The last frame of a stream the server itself broke."""
-    return error_frame("server_error", "The server failed while answering.")
+SITE_FRAMES = Frames()
 
 
 class Heartbeat:

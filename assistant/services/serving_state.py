@@ -16,6 +16,9 @@ from django.conf import settings
 from assistant.models import ServingState
 
 BUCKETS = 10_000
+#: The OpenAI-compatible API's serving path: recorded and shown apart, its engine split like a
+#: student's (``services/api_answer.py``).
+API_PATH = "api"
 Mode = ServingState.Mode
 Breaker = ServingState.Breaker
 

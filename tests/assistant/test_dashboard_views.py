@@ -64,8 +64,9 @@ def test_staff_see_the_page_and_the_snapshot(staff: Client) -> None:
     assert b'data-events-url="/dashboard/events"' in page.content
     snapshot = staff.get("/dashboard/api/snapshot?window=1h").json()
     assert snapshot["window"] == "1h" and snapshot["window_s"] == 3600
-    assert set(snapshot["paths"]) == {"direct", "django"}
+    assert set(snapshot["paths"]) == {"direct", "django", "api"}
     assert snapshot["paths"]["direct"]["role"] == "baseline"
+    assert snapshot["paths"]["api"]["role"] == "api"
     assert snapshot["split"]["mode"] == "auto"
     assert snapshot["breaker"]["state"] == "closed"
     assert staff.get("/dashboard/api/snapshot?window=7d").status_code == 400

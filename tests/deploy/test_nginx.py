@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from assistant.benchmarking.ports import free_port
+from assistant.services.api_keys import key_create
 from deploy.loopback_stack import NGINX_DIR, STATIC_DIR, Edit, nginx_args, render
 from tests.support import (
     ChatClient,
@@ -31,6 +32,7 @@ from tests.support import (
     RawResponse,
     ThreadedCountingProxy,
     raw_post,
+    raw_post_send,
     wait_for,
 )
 from tests.support import page_visit as support_page_visit
@@ -169,10 +171,12 @@ def test_nginx_accepts_shipped_configs(nginx_binary: str, tmp_path: Path, site_f
 
 
 def test_sse_directives_live_in_one_snippet() -> None:
-    """Every event-stream location includes the one SSE snippet and repeats none of it."""
+    """Every event-stream location (the API's too) includes the one SSE snippet and repeats none
+    of it; each of them sets its own body size, which the snippet leaves to it."""
     sse = (NGINX_DIR / SSE_SNIPPET).read_text()
     for directive in ("proxy_buffering off;", "gzip off;", "proxy_read_timeout"):
         assert directive in sse
+    assert "client_max_body_size" not in re.sub(r"#.*", "", sse)
     for path in [*NGINX_DIR.glob("*.conf"), *(NGINX_DIR / "snippets").glob("*.conf")]:
         text = re.sub(r"#.*", "", path.read_text())
         if path.name != "chatsite-sse.conf":
@@ -181,8 +185,12 @@ def test_sse_directives_live_in_one_snippet() -> None:
         for location in re.findall(r"location\s+([^{]+)\{([^}]*)\}", text):
             route, body = location
             proxied_name = "@" in route and "proxy_pass" in body
-            if "/api/chat/stream" in route or "/dashboard/events" in route or proxied_name:
+            streams = ("/api/chat/stream", "/dashboard/events", "/v1/")
+            if any(stream in route for stream in streams) or proxied_name:
                 assert "include snippets/chatsite-sse.conf;" in body, (path.name, route)
+            if "include snippets/chatsite-sse.conf;" in body:
+                sized = "include snippets/chatsite-chat-body.conf;" in body
+                assert sized or "client_max_body_size" in body, (path.name, route)
 
 
 # --- streaming through nginx ----------------------------------------------------------------
@@ -441,6 +449,207 @@ def test_metrics_only_for_this_host(site: NginxServer) -> None:
         response = local.get(site.url + "/metrics")
     assert response.status_code == 200
     assert "ai_ttft_seconds" in response.text
+
+
+# --- the OpenAI-compatible API (/v1/) -------------------------------------------------------
+
+API_MODEL = "chatsite"
+API_LIMITS = (
+    SERVER_SNIPPET,
+    "limit_conn chatsite_api_open 256;",
+    "limit_conn chatsite_api_open 2;",
+)
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+def api_key() -> str:
+    """A new key, stored in the test database the workers share."""
+    _, key = key_create(name="nginx", classroom=None, created_by=None)
+    return key
+
+
+def api_request(
+    message: str, *, stream: bool = True, history: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    messages = [*(history or []), {"role": "user", "content": message}]
+    return {"model": API_MODEL, "messages": messages, "stream": stream}
+
+
+def post_api(
+    port: int,
+    key: str,
+    payload: dict[str, Any] | bytes,
+    *,
+    headers: dict[str, str] | None = None,
+    source: str | None = None,
+) -> RawResponse:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    all_headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {key}",
+        **(headers or {}),
+    }
+    return raw_post(port, body, headers=all_headers, path="/v1/chat/completions", source=source)
+
+
+def api_stream(
+    port: int, key: str, message: str, *, headers: dict[str, str] | None = None
+) -> tuple[RawResponse, float, list[Event]]:
+    """The response (its head), when the request was sent, and every message of the stream
+    stamped with its arrival."""
+    sent = time.monotonic()
+    response = post_api(port, key, api_request(message), headers=headers)
+    try:
+        assert response.status == 200, (response.status, response.body())
+        return response, sent, list(response.events())
+    finally:
+        response.sock.close()
+
+
+def content_of(events: list[Event]) -> list[Event]:
+    """The chunks that carry answer text (not the role, the finish, the usage or [DONE])."""
+    chunks = [e for e in events if e.data != "[DONE]"]
+    return [e for e in chunks if any(c["delta"].get("content") for c in e.json()["choices"])]
+
+
+def api_gaps_ms(port: int, key: str, message: str) -> list[float]:
+    _, _, events = api_stream(port, key, message)
+    stamps = [e.at for e in content_of(events)]
+    return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+
+
+def openai_error(response: RawResponse) -> dict[str, Any]:
+    """The OpenAI error object of a JSON error response."""
+    assert response.header("content-type") == "application/json", response.headers
+    error = json.loads(response.body())["error"]
+    assert set(error) == ERROR_FIELDS, error
+    return error
+
+
+def test_api_models_through_nginx(site: NginxServer) -> None:
+    """GET /v1/models through nginx lists the model to a valid key; without a key the answer
+    is the app's JSON 401 in OpenAI's format, not an nginx page."""
+    key = api_key()
+    with httpx.Client(base_url=site.url, timeout=10) as client:
+        listed = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+        refused = client.get("/v1/models")
+    assert listed.status_code == 200
+    assert listed.headers["content-type"] == "application/json"
+    assert [model["id"] for model in listed.json()["data"]] == [API_MODEL]
+    assert refused.status_code == 401
+    assert refused.headers["content-type"] == "application/json"
+    assert set(refused.json()["error"]) == ERROR_FIELDS
+    assert refused.json()["error"]["code"] == "missing_api_key"
+
+
+def test_api_stream_arrives_chunk_by_chunk(
+    site: NginxServer, daphne: LiveServer, figures: dict[str, Any]
+) -> None:
+    """A streamed completion through nginx: five tokens 100 ms apart arrive about 100 ms apart,
+    as they do directly (not in one burst at the end), uncompressed although the client accepts
+    gzip and br, and the stream ends with data: [DONE]."""
+    key = api_key()
+    message = "[scripted tokens=5 ttft_ms=0 itl_ms=100] hi"
+    direct = api_gaps_ms(daphne.port, key, message)
+    response, _sent, events = api_stream(
+        site.port, key, message, headers={"Accept-Encoding": "gzip, br"}
+    )
+    assert response.header("content-type") == "text/event-stream; charset=utf-8"
+    assert response.header("content-encoding") is None
+    assert response.header("x-accel-buffering") is None
+    assert events[-1].data == "[DONE]"
+    content = content_of(events)
+    assert len(content) == 5
+    proxied = [(b.at - a.at) * 1000 for a, b in itertools.pairwise(content)]
+    figures["api_gap_ms_median"] = {
+        "direct": round(statistics.median(direct), 2),
+        "nginx": round(statistics.median(proxied), 2),
+    }
+    # Buffered, all five would arrive together 400 ms after the first was sent. Generous
+    # bounds: a loaded machine delays single chunks, never spreads a burst out.
+    assert (content[-1].at - content[0].at) * 1000 > 250, proxied
+    assert statistics.median(proxied) > 60, proxied
+
+
+def test_api_long_conversation_passes_nginx(site: NginxServer, workers: list[LiveServer]) -> None:
+    """A completion carrying a 100 KiB conversation (more than the page's 64 KiB) reaches the
+    app whole and is answered; 300 KiB gets the app's JSON 413 (over its 256 KiB), and 600 KiB
+    nginx's own 413, in the same OpenAI format, without reaching a worker."""
+    key = api_key()
+    tag = f"api-long-{uuid.uuid4().hex[:8]}"
+    history = [
+        {"role": ("user", "assistant")[n % 2], "content": f"{n}: " + "x" * 3500} for n in range(30)
+    ]
+    payload = api_request(
+        f"[scripted tokens=2 ttft_ms=0 tag={tag}] So?", stream=False, history=history
+    )
+    body = json.dumps(payload).encode()
+    assert 96 * 1024 < len(body) < 128 * 1024
+    response = post_api(site.port, key, body)
+    try:
+        assert response.status == 200, response.body()
+        assert json.loads(response.body())["choices"][0]["message"]["content"]
+    finally:
+        response.sock.close()
+
+    def started() -> dict[str, Any] | None:
+        rows = [row for worker in workers for row in worker.engine_events(tag)]
+        return next((row for row in rows if row["event"] == "start"), None)
+
+    given = wait_for(started)["given"]
+    assert given[-len(payload["messages"]) :] == [
+        [m["role"], m["content"]] for m in payload["messages"]
+    ]
+
+    for size, request_id, upstream in (
+        (300 * 1024, "api-too-large-app-01", "us=413"),
+        (600 * 1024, "api-too-large-nginx1", "us=-"),
+    ):
+        big = json.dumps(api_request("x" * size)).encode()
+        response = post_api(site.port, key, big, headers={"X-Request-Id": request_id})
+        try:
+            assert response.status == 413
+            assert openai_error(response)["code"] == "body_too_large"
+        finally:
+            response.sock.close()
+        assert f" {upstream}" in logged(site, f"rid={request_id} ")
+
+
+def test_api_streams_have_their_own_allowance(
+    nginx_factory, workers: list[LiveServer], visitor: Cookies
+) -> None:
+    """The API's open-request limit per address (lowered here from 256 to 2) is its own: a third
+    stream from one address gets nginx's 429 in OpenAI's format with Retry-After, while a
+    student's question from the same address is still answered."""
+    variant = nginx_factory(SITE, [w.port for w in workers], edits=[API_LIMITS])
+    key = api_key()
+    source = "127.0.1.10"
+    tags = [f"api-held-{n}-{uuid.uuid4().hex[:8]}" for n in range(2)]
+    held = []
+    try:
+        for tag in tags:
+            body = json.dumps(api_request(f"[scripted hang=1 tag={tag}] wait")).encode()
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+            held.append(
+                raw_post_send(
+                    variant.port, body, headers=headers, path="/v1/chat/completions", source=source
+                )
+            )
+        for tag in tags:
+            wait_for(lambda tag=tag: [row for w in workers for row in w.engine_events(tag)])
+        refused = post_api(variant.port, key, api_request("[scripted tokens=1] me?"), source=source)
+        try:
+            assert refused.status == 429
+            assert refused.header("retry-after") == "2"
+            error = openai_error(refused)
+            assert (error["code"], error["type"]) == ("proxy_limited", "rate_limit_error")
+        finally:
+            refused.sock.close()
+        _, events = answer(variant.port, visitor, "[scripted tokens=1 ttft_ms=0] Hi", source=source)
+        assert events[-1].event == "done"
+    finally:
+        for sock in held:
+            sock.close()
 
 
 # --- splitting at nginx (chatsite-split.conf) ----------------------------------------------

@@ -52,9 +52,12 @@ def test_requests_errors_and_abandons_are_counted_per_path() -> None:
     store(record(BASE, engine="llama", ago_s=1))
     store(*(record(CAND, engine="vllm", outcome=o) for o in ["ok", "ok", "ok", "server_error"]))
     store(*(record("other", outcome="engine_error") for _ in range(5)))
+    store(record("api", engine="vllm"), record("api", engine="vllm", outcome="timeout"))
 
     paths = snapshot()["paths"]
-    assert set(paths) == {BASE, CAND}
+    # The API's traffic is listed beside the two paths, under its own role; others are not.
+    assert set(paths) == {BASE, CAND, "api"}
+    assert (paths["api"]["role"], paths["api"]["requests"], paths["api"]["errors"]) == ("api", 2, 1)
     base, cand = paths[BASE], paths[CAND]
     assert (base["role"], base["engine"], cand["role"], cand["engine"]) == (
         "baseline",
@@ -255,12 +258,13 @@ def test_buffered_counts_only_the_streams_that_could_be_judged() -> None:
     assert (cand["buffered"], cand["buffered_checked"]) == (2, 5)
 
 
-def test_an_empty_window_is_all_nulls_in_two_queries(django_assert_num_queries) -> None:
+def test_an_empty_window_is_all_nulls_in_three_queries(django_assert_num_queries) -> None:
+    """One query per path (the two compared, and the API's); nothing more without records."""
     store(record(BASE, server_ttft_ms=120.0, ago_s=400))
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(3):
         result = snapshot()
 
-    for path, role in ((BASE, "baseline"), (CAND, "candidate")):
+    for path, role in ((BASE, "baseline"), (CAND, "candidate"), ("api", "api")):
         figures = result["paths"][path]
         assert figures == {
             "role": role,
@@ -286,7 +290,8 @@ def test_a_zero_baseline_p95_gives_no_ratio() -> None:
     assert snapshot()["ratio"]["server_p95"] is None
 
 
-def test_a_busy_window_takes_five_queries(django_assert_num_queries) -> None:
+def test_a_busy_window_takes_six_queries(django_assert_num_queries) -> None:
+    """Per path with records: its window and its latest engine; the API's, empty: one."""
     store(
         *(
             record(BASE, server_ttft_ms=float(i), **reported(client_ttft_ms=i + 9.0))
@@ -294,7 +299,7 @@ def test_a_busy_window_takes_five_queries(django_assert_num_queries) -> None:
         )
     )
     store(*(record(CAND, server_ttft_ms=float(i)) for i in range(50)))
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         result = snapshot(slowest=3)
 
     assert [r["client"]["ttft"] for r in result["slowest"]] == [58.0, 57.0, 56.0]

@@ -11,7 +11,11 @@ export const BREAKER_TEXT = {
   half_open: t("breakerHalfOpen"),
 };
 // A path's role (codes, as sent) as a word.
-export const ROLE_TEXT = { baseline: t("roleBaseline"), candidate: t("roleCandidate") };
+export const ROLE_TEXT = {
+  baseline: t("roleBaseline"),
+  candidate: t("roleCandidate"),
+  api: t("roleApi"),
+};
 
 export function fmtMs(v) {
   if (!isNum(v)) return "–";
