@@ -217,11 +217,24 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_MIMETYPES = {".webmanifest": "application/manifest+json"}
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# The app's log lines: "plain" for people, "json" for machines (one object per line with every
+# field, assistant/logs.py; each answer's "stream ended" line: docs/monitoring.md). Production
+# writes JSON unless told otherwise.
+LOG_FORMAT = env_str("CHATSITE_LOG_FORMAT").strip().lower() or (
+    "json" if PROFILE == "production" else "plain"
+)
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(
+        f"CHATSITE_LOG_FORMAT must be 'plain' or 'json', not {env_str('CHATSITE_LOG_FORMAT')!r}."
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "assistant.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "loggers": {
         "assistant": {
             "handlers": ["console"],
@@ -229,6 +242,9 @@ LOGGING = {
             # Daphne gives the root logger a handler of its own: once is enough.
             "propagate": False,
         },
+        # A view that raised: its traceback in the same format as the app's (never in the
+        # response, which is the JSON or page error of assistant/errors.py).
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 

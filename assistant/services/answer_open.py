@@ -129,7 +129,13 @@ async def answer_begin(
     except EngineUnavailable as exc:
         engine_name = getattr(exc, "engine_name", engine_name)
         logger.warning("Engine %r unavailable for %s: %s", engine_name, request_id, exc)
-        stream_refused(serving_path=serving_path, engine=engine_name, reason=exc.code)
+        stream_refused(
+            request_id=request_id,
+            serving_path=serving_path,
+            engine=engine_name,
+            reason=exc.code,
+            timings=timings,
+        )
         background.spawn(
             _refused_persist(
                 owner=asking.owner,

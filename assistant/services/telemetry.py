@@ -1,12 +1,19 @@
-"""What each answer measured: its stored record and its Prometheus observations.
+"""What each answer measured: its stored record, its Prometheus observations and its log line.
 
-Both happen when an answer ends, from timings taken on the way, so measuring adds nothing to the
-path of the first token. They take an ``AnswerSummary``, a small record of what the answer was,
-not the answer itself: telemetry depends on nothing that runs answers.
+All three happen when an answer ends, from timings taken on the way, so measuring adds nothing
+to the path of the first token. They take an ``AnswerSummary``, a small record of what the
+answer was, not the answer itself: telemetry depends on nothing that runs answers.
+
+The log line (``stream ended`` on the ``assistant.streams`` logger, at INFO) carries the stored
+record's figures under the same names, keyed by the request id nginx logs too
+(docs/monitoring.md). It names the kind of owner only (``session``, ``user``, ``key``), never
+the owner key: a log is read by more people than the database, and kept longer.
 """
 
+import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from assistant import metrics
 from assistant.models import StreamRecord
@@ -18,6 +25,8 @@ Outcome = StreamRecord.Outcome
 SERVER_FAULTS = frozenset({Outcome.ENGINE_ERROR, Outcome.TIMEOUT, Outcome.SERVER_ERROR})
 #: Outcomes whose record keeps the reason as its error code.
 _WITH_REASON = SERVER_FAULTS | {Outcome.GIVEN_UP}
+
+streams_log = logging.getLogger("assistant.streams")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +46,29 @@ class AnswerSummary:
     timings: StreamTimings
 
 
+def _stages(t: StreamTimings) -> dict[str, Any]:
+    """The server's stage timings (ms) and token figures, named as StreamRecord's fields."""
+    ms = t.as_ms()
+    return {
+        "tokens": t.tokens,
+        "parse_ms": ms["parsed"],
+        "queue_ms": ms["queue"],
+        "engine_ttft_ms": ms["engine_ttft"],
+        "server_ttft_ms": ms["server_ttft"],
+        "itl_mean_ms": ms["inter_token_mean"],
+        "itl_max_ms": ms["inter_token_max"],
+        "e2e_ms": ms["finished"],
+        "server_span_ms": ms["span"],
+        "server_burst_gaps": t.burst_gaps() if t.tokens else None,
+    }
+
+
+def _error_code(outcome: Outcome, code: str) -> str:
+    return code if outcome in _WITH_REASON else ""
+
+
 def stream_record(summary: AnswerSummary) -> StreamRecord:
     t = summary.timings
-    ms = t.as_ms()
     return StreamRecord(
         request_id=summary.request_id,
         created_at=t.received_at,
@@ -48,19 +77,10 @@ def stream_record(summary: AnswerSummary) -> StreamRecord:
         path=summary.serving_path,
         engine=summary.engine,
         outcome=summary.outcome,
-        error_code=summary.error_code if summary.outcome in _WITH_REASON else "",
+        error_code=_error_code(summary.outcome, summary.error_code),
         conversation_id=summary.conversation_id,
         message_id=summary.message_id,
-        tokens=t.tokens,
-        parse_ms=ms["parsed"],
-        queue_ms=ms["queue"],
-        engine_ttft_ms=ms["engine_ttft"],
-        server_ttft_ms=ms["server_ttft"],
-        itl_mean_ms=ms["inter_token_mean"],
-        itl_max_ms=ms["inter_token_max"],
-        e2e_ms=ms["finished"],
-        server_span_ms=ms["span"],
-        server_burst_gaps=t.burst_gaps() if t.tokens else None,
+        **_stages(t),
     )
 
 
@@ -94,7 +114,7 @@ def stream_started(*, serving_path: str, engine: str) -> None:
 
 
 def stream_observe(summary: AnswerSummary) -> None:
-    """Count and time an ended answer (called once, when it ends)."""
+    """Count, time and log an ended answer (called once, when it ends: after its last frame)."""
     t, path, engine, outcome = (
         summary.timings,
         summary.serving_path,
@@ -115,9 +135,70 @@ def stream_observe(summary: AnswerSummary) -> None:
     if t.tokens:
         metrics.TOKENS.labels(path, engine).inc(t.tokens)
     metrics.STREAM_DURATION.labels(path, engine, outcome.value).observe(t.finished - t.received)
+    stream_log(
+        request_id=summary.request_id,
+        serving_path=path,
+        engine=engine,
+        classroom_id=summary.classroom_id,
+        owner_key=summary.owner_key,
+        outcome=outcome,
+        error_code=_error_code(outcome, summary.error_code),
+        timings=t,
+    )
 
 
-def stream_refused(*, serving_path: str, engine: str, reason: str) -> None:
-    """A stream that could not start (503): an error to the student, so counted as one."""
+def stream_refused(
+    *, request_id: str, serving_path: str, engine: str, reason: str, timings: StreamTimings
+) -> None:
+    """A stream that could not start (503): an error to the student, so counted as one, and
+    logged like an ended answer (its asker is not known yet: no class, no owner kind)."""
     metrics.STREAMS.labels(serving_path, engine, Outcome.ENGINE_ERROR.value).inc()
     metrics.CONNECTION_ERRORS.labels(serving_path, reason).inc()
+    stream_log(
+        request_id=request_id,
+        serving_path=serving_path,
+        engine=engine,
+        classroom_id=None,
+        owner_key="",
+        outcome=Outcome.ENGINE_ERROR,
+        error_code=reason,
+        timings=timings,
+    )
+
+
+def owner_kind(owner_key: str) -> str | None:
+    """What kind of owner ``owner_key`` names (``session``, ``user``, ``key``), without naming
+    it; None when there is none."""
+    kind, found, _ = owner_key.partition(":")
+    return kind if found else None
+
+
+def stream_log(
+    *,
+    request_id: str,
+    serving_path: str,
+    engine: str,
+    classroom_id: uuid.UUID | None,
+    owner_key: str,
+    outcome: Outcome,
+    error_code: str,
+    timings: StreamTimings,
+) -> None:
+    """Write the ``stream ended`` line of one stream (see the module docstring). Never raises:
+    it runs while an answer closes, and what was said must still be stored."""
+    if not streams_log.isEnabledFor(logging.INFO):
+        return
+    try:
+        fields = {
+            "request_id": request_id,
+            "path": serving_path,
+            "engine": engine,
+            "classroom": str(classroom_id) if classroom_id else None,
+            "owner_kind": owner_kind(owner_key),
+            "outcome": outcome.value,
+            "error_code": error_code,
+            **_stages(timings),
+        }
+        streams_log.info("stream ended", extra=fields)
+    except Exception:
+        streams_log.exception("Could not log the end of %s", request_id)
