@@ -28,7 +28,7 @@ from assistant.services.api_keys import key_presented, key_read
 from assistant.services.chat_request import request_id_choose
 from assistant.services.clients import scope_client
 from assistant.services.openai_request import completion_request_parse
-from assistant.services.openai_wire import completion_body, error_body, models_body
+from assistant.services.openai_wire import OpenAIFrames, error_body, models_body
 from assistant.services.serving_state import API_PATH
 from assistant.services.timings import RECEIVED_KEY, now
 from assistant.transport import CONNECTION_KEY, client_connection, scope_connection
@@ -139,10 +139,8 @@ class ChatCompletionsConsumer(ChatStreamConsumer):
             await self.send_error(_failure(answer), [(b"x-request-id", request_id.encode())])
             return
         frames = answer.frames
-        body = completion_body(
-            completion_id=f"chatcmpl-{request_id}",
-            model=request.model,
-            created=getattr(frames, "created", int(time.time())),
+        assert isinstance(frames, OpenAIFrames)  # services/api_answer.py made it so
+        body = frames.completion(
             content="".join(answer.text),
             finish_reason=answer.finish_reason or "stop",
             usage=(answer.prompt_tokens, answer.completion_tokens),

@@ -216,6 +216,20 @@ def raw_request(port: int, request: bytes, *, source: str | None = None) -> sock
     return sock
 
 
+def settings_run(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (which imports ``chatsite.settings``) in a fresh process from the
+    checkout, with exactly ``env`` (plus PATH): settings read once, as a worker starts."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def from_db[T](query: Callable[[], T]) -> T:
     """Run ORM work on a thread of its own and return its result: while Playwright's sync API
     runs, the test's thread counts as async to Django, which refuses database calls there. The

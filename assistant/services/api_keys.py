@@ -27,7 +27,7 @@ from assistant import errors
 from assistant.errors import Rejected
 from assistant.models import ApiKey, Classroom
 from assistant.services.admission import SlotTry
-from assistant.services.classrooms import ClassContext, class_context_load, class_paused_check
+from assistant.services.classrooms import ClassContext, class_context_known, class_paused_check
 from assistant.services.identity import Identity
 from assistant.services.ratelimit import rate_limit_hit
 
@@ -124,10 +124,11 @@ def key_guess(presented: KeyPresented) -> tuple[bool, ClassContext | None]:
 
 
 def key_read(presented: KeyPresented) -> tuple[KeyContext, int | None]:
-    """Synchronous (ORM): the key's row and class now, and its own rate (None: the site's);
-    401 ``invalid_api_key`` for a key that
-    is unknown, revoked or wrong, 403 ``class_paused`` for a paused class."""
-    row = ApiKey.objects.filter(prefix=presented.prefix).first()
+    """Synchronous (ORM, one query): the key's row and class now, and its own rate (None: the
+    site's); 401 ``invalid_api_key`` for a key that is unknown, revoked or wrong, 403
+    ``class_paused`` for a paused class."""
+    # One query: the key with its class (its context is what the answer needs of it).
+    row = ApiKey.objects.select_related("classroom").filter(prefix=presented.prefix).first()
     if (
         row is None
         or not hmac.compare_digest(row.digest, presented.digest)
@@ -136,7 +137,7 @@ def key_read(presented: KeyPresented) -> tuple[KeyContext, int | None]:
         # Unknown, wrong, revoked or deleted (with its class): no early start on it again.
         _known.pop(presented.prefix, None)
         raise Rejected(errors.API_KEY_INVALID)
-    classroom = class_context_load(str(row.classroom_id)) if row.classroom_id else None
+    classroom = class_context_known(row.classroom) if row.classroom is not None else None
     context = KeyContext(id=row.id, digest=row.digest, classroom=classroom)
     if classroom is not None and classroom.paused:
         _known.pop(presented.prefix, None)

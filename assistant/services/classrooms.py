@@ -132,6 +132,11 @@ def class_context_load(classroom_id: str | None) -> ClassContext | None:
     except (Classroom.DoesNotExist, ValidationError, ValueError, TypeError):
         _known.pop(str(classroom_id), None)
         return None
+    return class_context_known(row)
+
+
+def class_context_known(row: Classroom) -> ClassContext:
+    """``row``'s context, kept as this process's last read of the class (the guesses')."""
     context = ClassContext.of(row)
     _known[str(row.id)] = context
     return context

@@ -132,33 +132,26 @@ class OpenAIFrames(Frames):
     def server_error(self) -> bytes:
         return self.error("server_error", "The server failed while answering.")
 
-
-def completion_body(
-    *,
-    completion_id: str,
-    model: str,
-    created: int,
-    content: str,
-    finish_reason: str,
-    usage: tuple[int | None, int | None],
-    deltas: int,
-) -> bytes:
-    """A whole ``chat.completion`` (``stream: false``)."""
-    return json.dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage_of(usage, deltas),
-        },
-        ensure_ascii=False,
-    ).encode("utf-8")
+    def completion(
+        self, *, content: str, finish_reason: str, usage: tuple[int | None, int | None], deltas: int
+    ) -> bytes:
+        """The same answer as one ``chat.completion`` (``stream: false``): its id, model and
+        time are this stream's."""
+        return json.dumps(
+            {
+                "id": self.completion_id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "logprobs": None,
+                        "finish_reason": finish_reason,
+                    }
+                ],
+                "usage": usage_of(usage, deltas),
+            },
+            ensure_ascii=False,
+        ).encode("utf-8")

@@ -4,10 +4,8 @@ CHATSITE_LOG_FORMAT as the settings read it, in a fresh process."""
 import io
 import json
 import logging
-import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 
 from assistant.logs import JsonFormatter
+from tests.support import settings_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,15 +129,7 @@ def settings_log_format(env: dict[str, str]) -> subprocess.CompletedProcess[str]
     """Import chatsite.settings in a fresh process with ``env`` (plus PATH) and print the
     formatter its console handler uses."""
     script = "import chatsite.settings as s\nprint(s.LOGGING['handlers']['console']['formatter'])\n"
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return settings_run(script, env)
 
 
 PRODUCTION = {

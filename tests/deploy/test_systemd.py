@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.support import ROOT
+from tests.support import ROOT, settings_run
 
 SYSTEMD_DIR = ROOT / "deploy" / "systemd"
 ENV_EXAMPLE = ROOT / "deploy" / "env.example"
@@ -628,15 +627,7 @@ def load_settings(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         " 'cache': s.CACHES['default']['BACKEND'],"
         " 'engine': s.CHATSITE_ENGINES['default']}))\n"
     )
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return settings_run(script, env)
 
 
 def test_env_example_as_shipped_refuses_to_start() -> None:
