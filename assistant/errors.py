@@ -199,3 +199,21 @@ API_INVALID_REQUEST = ApiError(400, "invalid_request", _("The request is not val
 API_NOT_FOUND = ApiError(
     404, "not_found", _("No such endpoint: see /v1/models and /v1/chat/completions.")
 )
+# The latency probe (``/api/chat/stream/probe``, ``manage.py ttft_doctor``).
+PROBE_METHOD = ApiError(405, "method_not_allowed", _("Use GET for the latency probe."))
+PROBE_INVALID = ApiError(
+    400,
+    "probe_invalid",
+    _("The probe takes frames (0-20), interval_ms (0-2000), idle_s (0-120) and accel (0 or 1)."),
+)
+PROBE_LOGIN = ApiError(
+    401,
+    "login_required",
+    _("Log in as staff, or send an API key: Authorization: Bearer csk-..."),
+)
+PROBE_FORBIDDEN = ApiError(
+    403, "probe_forbidden", _("Only staff or an API key may use the latency probe.")
+)
+PROBE_BUSY = ApiError(
+    503, "probe_busy", _("Too many latency probes are running here. Try again shortly.")
+)

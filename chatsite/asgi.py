@@ -13,6 +13,7 @@ from django.urls import re_path  # noqa: E402
 
 from assistant import engines, internals, probes  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
+from assistant.latency_probe import latency_probe  # noqa: E402
 from assistant.openai_api import OpenAIRouter  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
 from assistant.services.background import drain  # noqa: E402
@@ -46,6 +47,8 @@ application = ProtocolTypeRouter(
         "http": URLRouter(
             [
                 re_path(r"^api/chat/stream(?:/direct|/django)?$", chat_stream),
+                # manage.py ttft_doctor's probe: frames on a schedule, no model (staff or a key).
+                re_path(r"^api/chat/stream/probe$", latency_probe),
                 # The OpenAI-compatible API: a bearer key, no session, OpenAI's wire format.
                 re_path(r"^v1/", OpenAIRouter()),
                 # Probes answer ahead of Django: no session, no host check, nothing stored.

@@ -18,7 +18,9 @@ class SSEParser:
 
     ``feed`` returns the events whose frame ended (blank line) within the bytes fed so far, and
     keeps a partial line, a partial frame or a CR whose LF is still to come for the next call.
-    Comments and ``retry`` are ignored; a frame without ``data`` dispatches nothing.
+    Comments and ``retry`` are ignored; a frame without ``data`` dispatches nothing. A line
+    naming no field of the format is ignored too, as browsers ignore it, and the first such
+    line is kept in ``stray`` (bytes a layer put in the stream: ``manage.py ttft_doctor``).
     """
 
     def __init__(self) -> None:
@@ -27,6 +29,7 @@ class SSEParser:
         self._event = ""
         self._data: list[str] = []
         self._last_id: str | None = None
+        self.stray: str | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buffer = self._pending + chunk
@@ -57,6 +60,9 @@ class SSEParser:
             self._event = value
         elif name == "data":
             self._data.append(value)
-        elif name == "id" and "\0" not in value:
-            self._last_id = value
+        elif name == "id":
+            if "\0" not in value:
+                self._last_id = value
+        elif name != "retry" and self.stray is None:
+            self.stray = line[:80]
         return None
