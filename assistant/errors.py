@@ -212,7 +212,7 @@ PROBE_LOGIN = ApiError(
     _("Log in as staff, or send an API key: Authorization: Bearer csk-..."),
 )
 PROBE_FORBIDDEN = ApiError(
-    403, "probe_forbidden", _("Only staff or an API key may use the latency probe.")
+    403, "probe_forbidden", _("Only staff or a site API key may use the latency probe.")
 )
 PROBE_BUSY = ApiError(
     503, "probe_busy", _("Too many latency probes are running here. Try again shortly.")

@@ -1,87 +1,30 @@
-"""The doctor's verdicts: pure functions from what the probes saw to one row per layer.
+"""The doctor's checks: pure functions from what the probes saw to one row per layer.
 
 Each row says what was measured through the site's URL (``proxy``) and, when a worker's own
 URL was given, directly (``direct``); a verdict (pass, warn, fail or skip); and, for anything
 but a pass, what was found and the fix. Comparing the two URLs names the layer: a fault seen
-through the proxy only is the proxy's, one seen directly too is the app's or its server's.
+through the proxy only is the proxy's, one seen directly too is the app's or its server's. A
+probe that could not measure fails its row: a deploy gate must not pass on what it never saw.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from assistant.doctor.client import ProbeRun
-
-#: A frame that arrives this much later than its send time says, relative to the others, was
-#: held back on the way (the probe sends them ``interval_ms`` = 250 ms apart).
-HELD_MS = 150.0
-
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One check's verdict."""
-
-    id: str
-    title: str
-    verdict: str
-    proxy: str = ""
-    direct: str = ""
-    #: Where the fault is: "proxy", "app" (the worker, its server or the app), "network".
-    layer: str = ""
-    finding: str = ""
-    fix: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "verdict": self.verdict,
-            "proxy": self.proxy,
-            "direct": self.direct,
-            "layer": self.layer,
-            "finding": self.finding,
-            "fix": self.fix,
-            "figures": self.figures,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Probes:
-    """What the doctor measured: the site's URL with the app's buffering header and without it,
-    the same directly (None without ``--direct``), the idle probes and TLS's protocol."""
-
-    proxy: ProbeRun
-    proxy_bare: ProbeRun | None = None
-    direct: ProbeRun | None = None
-    direct_bare: ProbeRun | None = None
-    idle: ProbeRun | None = None
-    idle_direct: ProbeRun | None = None
-    tls: bool = False
-    alpn: str | None = None
-
-
-def held_ms(run: ProbeRun | None) -> float | None:
-    """How much later than the earliest the most delayed frame arrived, each against its send
-    time: 0 when every frame came as it was sent, about the schedule's span when the frames
-    were held and released together. None with fewer than two frames."""
-    if run is None or len(run.frames) < 2:
-        return None
-    delays = [arrival.arrived - arrival.sent for arrival in run.frames]
-    return (max(delays) - min(delays)) * 1000
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
-
-
-def _streamed(run: ProbeRun | None) -> bool:
-    return run is not None and run.status == 200 and len(run.frames) >= 2
-
-
-def _flagged(row: Row, layer: str, finding: str, fix: str, *, verdict: str = FAIL) -> Row:
-    return replace(row, verdict=verdict, layer=layer, finding=finding, fix=fix)
+from assistant.doctor.verdicts import (
+    FAIL,
+    HELD_MS,
+    PASS,
+    SKIP,
+    WARN,
+    Probes,
+    Row,
+    flagged,
+    held_ms,
+    ms,
+    trouble,
+    unmeasured,
+)
 
 
 def reach_row(probes: Probes) -> Row:
@@ -98,7 +41,7 @@ def reach_row(probes: Probes) -> Row:
         return row
     said = run.body[:200].decode("utf-8", "replace")
     if run.status is None:
-        return _flagged(
+        return flagged(
             row,
             "network",
             run.error or "no answer",
@@ -106,22 +49,41 @@ def reach_row(probes: Probes) -> Row:
         )
     if run.status in (401, 403):
         fix = "Use a valid API key (--key, or CHATSITE_DOCTOR_KEY), or run it on the server."
-        return _flagged(row, "app", f"{run.status}: {said}", fix)
+        return flagged(row, "app", f"{run.status}: {said}", fix)
     if run.status == 404:
         fix = "Proxy /api/chat/stream/ to the workers (snippets/chatsite-server.conf)."
-        return _flagged(row, "proxy", "404: the probe is not served at this URL", fix)
-    return _flagged(row, "app", f"{run.status}: {said}", "See the site's log for this request.")
+        return flagged(row, "proxy", "404: the probe is not served at this URL", fix)
+    return flagged(row, "app", f"{run.status}: {said}", "See the site's log for this request.")
+
+
+def direct_row(probes: Probes) -> Row:
+    """The worker measured directly, when ``--direct`` named one: without it, nothing says which
+    layer a fault is in, so a worker that did not answer fails the gate."""
+    if probes.direct_url is None:
+        return Row("direct", "worker reached directly", SKIP, finding="no --direct given")
+    run = probes.direct
+    row = Row("direct", "worker reached directly", PASS, "", str(run.status if run else "-"))
+    why = trouble(run)
+    if why is None:
+        return row
+    return flagged(
+        row,
+        "network",
+        f"{probes.direct_url} did not answer the probe: {why}",
+        "Give --direct one worker's own address (http://127.0.0.1:8001, on the server); the "
+        "doctor sends it the site's Host.",
+    )
 
 
 def _timing_row(probes: Probes, *, id: str, title: str, attr: str) -> Row:
     proxy = getattr(probes.proxy, attr)
     direct = getattr(probes.direct, attr) if probes.direct is not None else None
     figures = {"proxy_ms": proxy, "direct_ms": direct}
-    row = Row(id, title, PASS, _ms(proxy), _ms(direct), figures=figures)
+    row = Row(id, title, PASS, ms(proxy), ms(direct), figures=figures)
     if proxy is None or direct is None or proxy - direct <= HELD_MS:
         return row
     finding = f"{proxy - direct:.0f} ms later through the proxy than directly"
-    return _flagged(row, "proxy", finding, "The rows below name what holds it back.")
+    return flagged(row, "proxy", finding, "The rows below name what holds it back.")
 
 
 def headers_row(probes: Probes) -> Row:
@@ -140,10 +102,14 @@ def _held_text(run: ProbeRun | None) -> str:
 def _held_row(
     id: str, title: str, run: ProbeRun | None, direct: ProbeRun | None, figures: dict[str, Any]
 ) -> Row:
-    """A buffering row that passes, or is skipped when its probe did not stream."""
+    """A buffering row that passes; fails when its probe could not measure, and is skipped
+    when its frames could not be read (a compression the doctor cannot undo)."""
     row = Row(id, title, PASS, _held_text(run), _held_text(direct), figures=figures)
+    why = trouble(run)
+    if why is not None:
+        return unmeasured(row, why)
     if held_ms(run) is None:
-        return replace(row, verdict=SKIP, finding="the probe did not stream")
+        return replace(row, verdict=SKIP, finding="its frames could not be read")
     return row
 
 
@@ -165,7 +131,7 @@ def buffering_rows(probes: Probes) -> list[Row]:
         finding = "the worker itself holds frames back: see the next row"
         bare_row = replace(bare_row, verdict=SKIP, finding=finding)
     elif bare is not None and bare > HELD_MS:
-        bare_row = _flagged(
+        bare_row = flagged(
             bare_row,
             "proxy",
             f"the proxy holds an event stream's frames back ({bare:.0f} ms) unless the app "
@@ -176,14 +142,14 @@ def buffering_rows(probes: Probes) -> list[Row]:
         "accel_header", "X-Accel-Buffering: no", probes.proxy, probes.direct, figures
     )
     if with_header is not None and with_header > HELD_MS and app_holds:
-        accel_row = _flagged(
+        accel_row = flagged(
             accel_row,
             "app",
             f"the worker itself sends frames late or in bursts ({direct_held:.0f} ms held)",
             "Look for a middleware or server option that buffers responses on the workers.",
         )
     elif with_header is not None and with_header > HELD_MS:
-        accel_row = _flagged(
+        accel_row = flagged(
             accel_row,
             "proxy",
             f"frames sent 250 ms apart arrive together ({with_header:.0f} ms held) although "
@@ -205,10 +171,8 @@ def compression_row(probes: Probes) -> Row:
         proxy or "none",
         "-" if probes.direct is None else direct or "none",
     )
-    if not _streamed(probes.proxy) and probes.proxy.status != 200:
-        return replace(row, verdict=SKIP, finding="the probe was refused")
     if direct:
-        return _flagged(
+        return flagged(
             row,
             "app",
             f"the worker compresses event streams ({direct}): compression holds bytes "
@@ -216,7 +180,7 @@ def compression_row(probes: Probes) -> Row:
             "Take event streams out of the app's compression (a GZip middleware).",
         )
     if proxy:
-        return _flagged(
+        return flagged(
             row,
             "proxy",
             f"the proxy compresses event streams ({proxy}) for a client that offers it",
@@ -247,7 +211,7 @@ def framing_row(probes: Probes) -> Row:
         else "proxy"
     )
     if run.framing_error:
-        return _flagged(
+        return flagged(
             row,
             layer,
             f"broken Transfer-Encoding: {run.framing_error}",
@@ -255,7 +219,7 @@ def framing_row(probes: Probes) -> Row:
             "Transfer-Encoding or Content-Length header on event streams.",
         )
     if run.framing == "length":
-        return _flagged(
+        return flagged(
             row,
             layer,
             "the event stream came with a Content-Length: a layer read the whole "
@@ -263,7 +227,7 @@ def framing_row(probes: Probes) -> Row:
             "Stream the response through (proxy_buffering off; no response body filter).",
         )
     if run.stray:
-        return _flagged(
+        return flagged(
             row,
             layer,
             f"bytes that are not an event stream arrived among the frames: {run.stray!r}",
@@ -271,7 +235,7 @@ def framing_row(probes: Probes) -> Row:
             "script): keep event-stream responses byte for byte.",
         )
     if run.status == 200 and (run.framing == "close" or run.version == "HTTP/1.0"):
-        return _flagged(
+        return flagged(
             row,
             "proxy",
             f"{run.version} response that ends by closing its connection: nothing is "
@@ -291,7 +255,7 @@ def upstream_row(probes: Probes) -> Row:
     text = f"HTTP/{version}" + (f", Connection: {connection}" if connection else "")
     row = Row("upstream_http", "HTTP to the workers", PASS, text, "-")
     if version == "1.0":
-        return _flagged(
+        return flagged(
             row,
             "proxy",
             "the proxy speaks HTTP/1.0 to the workers: a new connection for every "
@@ -300,7 +264,7 @@ def upstream_row(probes: Probes) -> Row:
             "(snippets/chatsite-proxy.conf)",
         )
     if connection and connection.lower() == "close":
-        return _flagged(
+        return flagged(
             row,
             "proxy",
             "the proxy closes its connection to the worker after each request: each "
@@ -333,11 +297,11 @@ def idle_row(probes: Probes) -> Row:
     if run.end == "done":
         return row
     if run.end != "cut":
-        return replace(row, verdict=SKIP, finding=f"the idle probe ended: {run.end}")
+        return unmeasured(row, trouble(run) or run.end)
     ping = float((probes.proxy.hello or {}).get("ping_interval_s") or silence)
     app = direct is not None and direct.end == "cut"
     after = f"{run.silent_s:.1f} s" if run.silent_s is not None else "some time"
-    return _flagged(
+    return flagged(
         row,
         "app" if app else "proxy",
         f"the stream was closed after {after} of silence, shorter than the app's ping "
@@ -356,7 +320,7 @@ def http2_row(probes: Probes) -> Row:
     row = Row("http2", "HTTP/2 over TLS", PASS, probes.alpn or "no protocol named")
     if probes.alpn == "h2":
         return row
-    return _flagged(
+    return flagged(
         row,
         "proxy",
         "TLS without HTTP/2: a browser opens at most 6 connections to the site, and a "
@@ -367,6 +331,7 @@ def http2_row(probes: Probes) -> Row:
 
 CHECKS = (
     "reach",
+    "direct",
     "headers",
     "first_byte",
     "proxy_buffering",
@@ -386,6 +351,7 @@ def diagnosis(probes: Probes) -> list[Row]:
         return [reach]
     return [
         reach,
+        direct_row(probes),
         headers_row(probes),
         first_byte_row(probes),
         *buffering_rows(probes),

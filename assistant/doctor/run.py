@@ -8,15 +8,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from assistant.doctor.checks import CHECKS, FAIL, PASS, SKIP, Probes, Row, diagnosis
+from assistant.doctor.checks import CHECKS, diagnosis
 from assistant.doctor.client import ProbeRun, Target, probe_run
+from assistant.doctor.verdicts import FAIL, PASS, SKIP, Probes, Row
 from assistant.services.latency_probe import MAX_IDLE_S, ProbeSchedule
 
 #: Beyond its schedule, how long a probe may take to answer and end.
 SLACK_S = 30.0
-#: The idle probe's silence, beyond the app's ping interval: a timeout at the interval itself
-#: (or anywhere below) cuts it.
-IDLE_MARGIN_S = 1.0
+#: The idle probe's silence beyond the app's ping interval: a stream is silent for at most
+#: about the interval (then a ping), so a timeout at the interval or below cuts the probe.
+IDLE_MARGIN_S = 0.25
 #: The app's default ping interval, for a probe whose hello could not be read.
 DEFAULT_PING_S = 15.0
 
@@ -71,7 +72,7 @@ async def probes_take(options: DoctorOptions) -> Probes:
         _probe(site, ProbeSchedule()), _probe(worker, ProbeSchedule()) if worker else _none()
     )
     if first.status != 200:
-        return Probes(proxy=first, direct=direct, tls=site.tls)
+        return Probes(proxy=first, direct=direct, tls=site.tls, direct_url=options.direct)
     # A stream whose frames could not be read (compressed as br, say) still gets every check.
     ping = float((first.hello or {}).get("ping_interval_s") or DEFAULT_PING_S)
     idle = ProbeSchedule(frames=1, idle_s=min(ping + IDLE_MARGIN_S, MAX_IDLE_S))
@@ -93,6 +94,7 @@ async def probes_take(options: DoctorOptions) -> Probes:
         idle_direct=idle_direct,
         tls=site.tls,
         alpn=alpn,
+        direct_url=options.direct,
     )
 
 

@@ -90,3 +90,19 @@ def test_tls_without_h2_fails_and_names_the_listen_line() -> None:
     [row] = [r for r in diagnosis(Probes(proxy=run, tls=True, alpn="http/1.1")) if r.id == "http2"]
     assert (row.verdict, row.proxy) == ("fail", "http/1.1")
     assert "http2" in row.fix
+
+
+def test_a_probe_that_could_not_measure_fails_its_row() -> None:
+    """A later probe refused (a rate limit), or an idle probe that ran out of time: those rows
+    fail, never pass, so the gate does not pass on what it never saw."""
+    limited = ProbeRun(schedule=ProbeSchedule(), status=429, end="refused", body=b"slow down")
+    late = ProbeRun(schedule=ProbeSchedule(idle_s=15.25), status=200, end="timeout")
+    verdicts = rows(Probes(proxy=streamed(), proxy_bare=limited, idle=late))
+    assert verdicts["proxy_buffering"] == ("fail", "")
+    assert verdicts["idle_timeout"] == ("fail", "")
+    [row] = [
+        r
+        for r in diagnosis(Probes(proxy=streamed(), proxy_bare=limited))
+        if r.id == ("proxy_buffering")
+    ]
+    assert "429" in row.finding

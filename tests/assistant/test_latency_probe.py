@@ -1,9 +1,11 @@
 """``GET /api/chat/stream/probe`` on a real Daphne: who may use it, what it refuses, and the
 frames it sends on their schedule (``assistant/latency_probe.py``)."""
 
+import contextlib
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,14 +14,16 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from assistant.errors import Rejected
+from assistant.models import Classroom
 from assistant.services.api_keys import key_create, key_revoke
+from assistant.services.classrooms import join_code_new
 from assistant.services.latency_probe import (
     ProbeSchedule,
     frame_read,
     hello_frame,
     schedule_parse,
 )
-from tests.support import LiveServer, SSEReader
+from tests.support import LiveServer, SSEReader, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,10 +84,11 @@ def test_a_key_gets_frames_on_their_schedule(daphne: LiveServer, key: str) -> No
     payloads = [e.json() for e in events]
     assert [p["seq"] for p in payloads] == [0, 1, 2, 3, 4]
     sent = [p["sent"] for p in payloads]
-    arrived = [e.at for e in events]
-    # Frames are written 100 ms apart (never sooner) and arrive as they are written.
+    # Written 100 ms apart, never sooner (the server's clock)...
     assert all(b - a >= 0.095 for a, b in itertools.pairwise(sent[:-1])), sent
-    assert all(b - a >= 0.09 for a, b in itertools.pairwise(arrived[:-1])), arrived
+    # ...and none of them held back on the way, against the others (generous: a busy machine).
+    delays = [e.at - p["sent"] for e, p in zip(events, payloads, strict=True)]
+    assert max(delays) - min(delays) < 0.5, delays
 
 
 def test_without_accel_the_header_is_left_out(daphne: LiveServer, key: str) -> None:
@@ -100,7 +105,7 @@ def test_idle_silence_comes_before_the_first_frame(daphne: LiveServer, key: str)
     schedule = ProbeSchedule(frames=2, interval_ms=0, idle_s=1.0)
     _, events = probe(daphne, schedule.query(), headers=bearer(key))
     assert [e.event for e in events] == ["hello", "probe", "probe", "done"]
-    assert events[1].at - events[0].at >= 0.95
+    assert events[1].json()["sent"] - events[0].json()["sent"] >= 0.99
 
 
 def test_staff_may_probe_with_their_session(daphne: LiveServer) -> None:
@@ -164,18 +169,38 @@ def test_a_keys_probes_count_against_its_rate(daphne: LiveServer) -> None:
     assert int(statuses[2].headers["retry-after"]) > 0
 
 
-def test_leaving_ends_the_probe(daphne: LiveServer, key: str) -> None:
-    """A client that leaves mid-probe frees its place at once: the next probes are served."""
+def test_a_caller_runs_four_probes_at_once(daphne: LiveServer, key: str) -> None:
+    """A fifth probe of the same key while four run is 503 ``probe_busy`` with Retry-After;
+    another key is not held up; once the four leave, the key probes again."""
     schedule = ProbeSchedule(frames=20, interval_ms=2000)
-    with httpx.Client(base_url=f"http://127.0.0.1:{daphne.port}", timeout=10) as client:
-        for _ in range(20):  # more than MAX_RUNNING, one after another
-            with client.stream("GET", f"{PATH}?{schedule.query()}", headers=bearer(key)) as r:
-                assert r.status_code == 200
-                next(r.iter_raw())
-    started = time.monotonic()
-    response, _ = probe(daphne, "frames=0", headers=bearer(key))
-    assert response.status_code == 200
-    assert time.monotonic() - started < 10
+    base = f"http://127.0.0.1:{daphne.port}"
+    # Each reader is kept: a dropped one would close its connection at once.
+    readers: list[Iterator[bytes]] = []
+    with contextlib.ExitStack() as held:
+        for _ in range(4):
+            client = held.enter_context(httpx.Client(base_url=base, timeout=10))
+            response = held.enter_context(
+                client.stream("GET", f"{PATH}?{schedule.query()}", headers=bearer(key))
+            )
+            assert response.status_code == 200
+            readers.append(response.iter_raw())
+            next(readers[-1])
+        busy, _ = probe(daphne, "frames=0", headers=bearer(key))
+        assert (busy.status_code, code_of(busy)) == (503, "probe_busy")
+        assert busy.headers["retry-after"] == "5"
+        other = key_create(name="other", classroom=None, created_by=None)[1]
+        assert probe(daphne, "frames=0", headers=bearer(other))[0].status_code == 200
+    # The four left: their seats come back as the server sees each disconnect.
+    wait_for(lambda: probe(daphne, "frames=0", headers=bearer(key))[0].status_code == 200)
+
+
+def test_a_class_key_may_not_probe(daphne: LiveServer) -> None:
+    """The probe is an operator's tool: a key made for a class (and handed to its tools) is
+    refused, 403."""
+    classroom = Classroom.objects.create(name="Physics", join_code=join_code_new())
+    _, class_key = key_create(name="physics", classroom=classroom, created_by=None)
+    refused, _ = probe(daphne, "frames=0", headers=bearer(class_key))
+    assert (refused.status_code, code_of(refused)) == (403, "probe_forbidden")
 
 
 def test_schedule_parse_defaults_and_round_trip() -> None:

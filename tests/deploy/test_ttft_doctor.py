@@ -2,7 +2,7 @@
 site passes every check, and each deliberately broken variant fails the check of its own layer
 and no other.
 
-The workers ping after 2 s of silence (CHATSITE_PING_INTERVAL), so the idle check waits 3 s.
+The workers ping after 2 s of silence (CHATSITE_PING_INTERVAL), so the idle check waits 2.25 s.
 """
 
 import datetime
@@ -101,7 +101,8 @@ def test_the_shipped_site_passes_every_check(
     rows = {row["id"]: row for row in report["checks"]}
     assert rows["proxy_buffering"]["figures"]["proxy_bare_held_ms"] < 150
     assert rows["upstream_http"]["proxy"] == "HTTP/1.1"
-    assert rows["idle_timeout"]["figures"]["silence_s"] == 3.0
+    assert rows["idle_timeout"]["figures"]["silence_s"] == 2.25
+    assert rows["direct"]["verdict"] == "pass"
 
 
 @pytest.mark.parametrize(
@@ -284,6 +285,29 @@ def test_http2_over_tls(
     assert failed(report) == ({"http2"} if h2 == "fail" else set()), report
 
 
-def test_an_unknown_check_is_refused_before_any_probe() -> None:
-    with pytest.raises(CommandError, match="unknown check nope"):
-        call_command("ttft_doctor", "http://127.0.0.1:9", "--skip", "idle_timeout,nope")
+def test_a_worker_that_does_not_answer_fails_the_gate(
+    nginx_factory: Any, workers: list[LiveServer], key: str
+) -> None:
+    """A --direct that answers nothing: the site's checks pass, but nothing could tell the
+    layers apart, so the gate fails on the direct row and names the address."""
+    site = site_with(nginx_factory, workers)
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    report, error = doctor(site.url, "--direct", nowhere, "--key", key, "--skip", "idle_timeout")
+    assert error is not None
+    assert failed(report) == {"direct"}, report
+    row = next(row for row in report["checks"] if row["id"] == "direct")
+    assert nowhere in row["finding"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["http://127.0.0.1:9", "--skip", "idle_timeout,nope"], "unknown check nope"),
+        (["http://127.0.0.1:9", "--skip", "reach"], "unknown check reach"),
+        (["chat.example.org"], "not an http:// or https:// URL"),
+        (["http://127.0.0.1:9", "--direct", "127.0.0.1:8001"], "not an http:// or https:// URL"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_probe(args: list[str], said: str) -> None:
+    with pytest.raises(CommandError, match=said):
+        call_command("ttft_doctor", *args)

@@ -8,6 +8,7 @@ it can gate a deploy. docs/operators.md explains each check.
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -26,21 +27,37 @@ KEY_VARIABLE = "CHATSITE_DOCTOR_KEY"
 TEMPORARY_KEY_NAME = "ttft_doctor (temporary)"
 
 
+#: Every check but the first: without the probe answering, nothing else is measured.
+SKIPPABLE = CHECKS[1:]
+
+
 def _checks(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in CHECKS]
+    unknown = [name for name in names if name not in SKIPPABLE]
     if unknown:
-        raise CommandError(f"unknown check {', '.join(unknown)}: choose from {', '.join(CHECKS)}")
+        choices = ", ".join(SKIPPABLE)
+        raise CommandError(f"unknown check {', '.join(unknown)}: choose from {choices}")
     return names
+
+
+def _url(text: str) -> str:
+    """An http or https URL with a host, without its trailing slash."""
+    parts = urlsplit(text)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise CommandError(f"{text!r} is not an http:// or https:// URL with a host name")
+    return text.rstrip("/")
 
 
 class Command(BaseCommand):
     help = "Probe each layer between the workers and a student for what holds tokens back."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("url", help="The site as students reach it: https://chat.example.org")
+        parser.add_argument(
+            "url", type=_url, help="The site as students reach it: https://chat.example.org"
+        )
         parser.add_argument(
             "--direct",
+            type=_url,
             metavar="URL",
             help="One worker's own address (http://127.0.0.1:8001), to tell the proxy's faults "
             "from the app's.",
@@ -56,7 +73,7 @@ class Command(BaseCommand):
             type=_checks,
             default=[],
             metavar="CHECK[,CHECK]",
-            help=f"Checks not to run: {', '.join(CHECKS)}.",
+            help=f"Checks not to run: {', '.join(SKIPPABLE)}.",
         )
         parser.add_argument("--cafile", help="CA certificates to trust for an https URL.")
         parser.add_argument(
@@ -69,9 +86,9 @@ class Command(BaseCommand):
         if not key:
             temporary, key = key_create(name=TEMPORARY_KEY_NAME, classroom=None, created_by=None)
         doctor = DoctorOptions(
-            url=options["url"].rstrip("/"),
+            url=options["url"],
             authorization=f"Bearer {key}",
-            direct=options["direct"].rstrip("/") if options["direct"] else None,
+            direct=options["direct"],
             cafile=options["cafile"],
             insecure=options["insecure"],
             skip=frozenset(options["skip"]),
