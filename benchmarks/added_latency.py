@@ -288,6 +288,14 @@ def main() -> None:
     parser.add_argument(
         "--chatsite-root", type=Path, default=ROOT, help="run chatsite from this checkout"
     )
+    parser.add_argument(
+        "--streams-per-session",
+        type=int,
+        default=0,
+        help="CHATSITE_STREAMS_PER_SESSION for chatsite (0: no cap, as measured before; every "
+        "request is the same session's, so a cap above the concurrency costs slot bookkeeping "
+        "and refuses nothing)",
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
 
@@ -316,6 +324,7 @@ def main() -> None:
                         # Resuming off (no finished answer kept), as for the figures in
                         # docs/performance.md.
                         "CHATSITE_RESUME_GRACE_S": "0",
+                        "CHATSITE_STREAMS_PER_SESSION": str(args.streams_per_session),
                     },
                 )
                 if name == "chatsite-api":

@@ -1,17 +1,17 @@
 """Per-student limits, checked in the same trip to a database thread as the session lookup, so
 they add no wait before the first token: a rate limit, and a cap on answers streaming at once.
 
-Both live in Django's cache (Redis in the production profile, so every worker counts together).
+The rate lives in Django's cache, the slots in ``services/stream_slots`` (Redis in the
+production profile, so every worker counts together; one round trip each, whatever the cap).
 Synchronous: call through ``assistant.db.run_db``.
 """
 
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.cache import cache, caches
+from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 
 from assistant import errors
@@ -19,6 +19,7 @@ from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.answer_registry import answer_preempt
 from assistant.services.ratelimit import rate_limit_hit
+from assistant.services.stream_slots import SlotTry, slot_now, slot_store, slots_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -28,20 +29,6 @@ SLOT_TTL_S = 120
 SLOT_RETRY_AFTER_S = 5
 #: How long a request waits for a slot being given back before it is refused.
 SLOT_WAIT_S = 1.0
-
-
-def _slot_keys(owner_key: str) -> list[str]:
-    count = settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]
-    return [f"chat:streaming:{owner_key}:{slot}" for slot in range(count)]
-
-
-@dataclass(frozen=True, slots=True)
-class SlotTry:
-    """What a try for one of a student's stream slots found."""
-
-    taken: bool
-    #: When not taken: each slot's cache key and the request id holding it.
-    holders: tuple[tuple[str, str], ...] = ()
 
 
 def chat_admit(*, owner_key: str, request_id: str, rate: int | None = None) -> SlotTry:
@@ -75,23 +62,22 @@ async def chat_slot_wait(*, owner_key: str, request_id: str, tried: SlotTry) -> 
 async def _slot_take_over(*, owner_key: str, request_id: str, tried: SlotTry) -> bool:
     """Take the slot of an answer of this owner's that nobody listens to any more (it was kept
     going for a resume; the student asked something new instead), stopping that answer."""
-    for key, holder in tried.holders:
+    for holder in tried.holders:
         if answer_preempt(owner_key=owner_key, request_id=holder):
-            await _cache_call(cache.set, key, request_id, timeout=SLOT_TTL_S)
-            return True
+            store = slot_store()
+            return await _slot_call(
+                store.hand_over, owner_key, holder, request_id, ttl_s=SLOT_TTL_S, now=slot_now()
+            )
     return False
 
 
 def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
-    """Take one of the owner's stream slots (taken too when there are none)."""
-    keys = _slot_keys(owner_key)
-    for key in keys:
-        if cache.add(key, request_id, timeout=SLOT_TTL_S):
-            return SlotTry(taken=True)
-    if not keys:
+    """Take one of the owner's stream slots (taken too when there is no cap)."""
+    limit = settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]
+    if not limit:
         return SlotTry(taken=True)
-    holders = ((key, cache.get(key)) for key in keys)
-    return SlotTry(taken=False, holders=tuple((k, h) for k, h in holders if h is not None))
+    store = slot_store()
+    return store.take(owner_key, request_id, limit=limit, ttl_s=SLOT_TTL_S, now=slot_now())
 
 
 def cache_in_process() -> bool:
@@ -99,28 +85,26 @@ def cache_in_process() -> bool:
     return isinstance(caches["default"], LocMemCache)
 
 
-async def _cache_call[**P, R](function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """``function`` (cache work) from the event loop: in place when the cache is this process's
-    memory, else on a database thread."""
-    if cache_in_process():
+def chat_release(*, owner_key: str, request_id: str) -> None:
+    """Give back the slot ``request_id`` holds, if any."""
+    if settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
+        slot_store().release(owner_key, request_id)
+
+
+async def _slot_call[**P, R](function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``function`` (a slot step) from the event loop: in place when the slots are this
+    process's memory, else on a database thread (a round trip to Redis)."""
+    if slots_in_process():
         return function(*args, **kwargs)
     return await run_db(function, *args, **kwargs)
 
 
-def chat_release(*, owner_key: str, request_id: str) -> None:
-    """Give back the slot ``request_id`` holds, if any."""
-    for key in _slot_keys(owner_key):
-        if cache.get(key) == request_id:
-            cache.delete(key)
-            return
-
-
 async def chat_slot_release(*, owner_key: str, request_id: str) -> None:
-    """``chat_release`` from the event loop: in place when the cache is this process's memory,
+    """``chat_release`` from the event loop: in place when the slots are this process's memory,
     else on a database thread. A failure is logged: the slot frees itself after ``SLOT_TTL_S``."""
     if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
         return  # no slots to give back: no trip to a thread
     try:
-        await _cache_call(chat_release, owner_key=owner_key, request_id=request_id)
+        await _slot_call(chat_release, owner_key=owner_key, request_id=request_id)
     except Exception:
         logger.exception("Could not give back the stream slot of %s", request_id)

@@ -1,0 +1,162 @@
+"""How many answers each student streams at once, counted in one round trip whatever the limit.
+
+A student's slots are one set: the request ids holding one, each with the time its slot frees
+itself if its release is lost (a worker died). Taking a slot, giving it back and handing it to
+another request are each one atomic step on that set, so the cost is the same for a limit of 1
+or of 100,000 (one key per student, not one per slot).
+
+Two stores, chosen by the cache the site runs on: Redis (the production profile: every worker
+counts together; a sorted set per student and a Lua script for each step) or this process's
+memory (one process, as the local profile's cache is). Synchronous: a Redis step is a network
+round trip, so async code calls them through ``run_db`` unless ``slots_in_process()``.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Protocol
+
+from django.conf import settings
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+
+#: How many holders a refusal lists (an answer among them may be taken over).
+HOLDERS_SHOWN = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTry:
+    """What a try for a slot found: taken, or the request ids holding the slots."""
+
+    taken: bool
+    holders: tuple[str, ...] = ()
+
+
+class SlotStore(Protocol):
+    def take(
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+    ) -> SlotTry: ...
+
+    def release(self, owner_key: str, request_id: str) -> None: ...
+
+    def hand_over(
+        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+    ) -> bool: ...
+
+
+class MemorySlots:
+    """Slots in this process's memory, for a site of one process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sets: dict[str, dict[str, float]] = {}
+
+    def _live(self, owner_key: str, now: float) -> dict[str, float]:
+        held = self._sets.setdefault(owner_key, {})
+        for request_id in [r for r, until in held.items() if until <= now]:
+            del held[request_id]
+        return held
+
+    def take(
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+    ) -> SlotTry:
+        with self._lock:
+            held = self._live(owner_key, now)
+            if request_id in held or len(held) < limit:
+                held[request_id] = now + ttl_s
+                return SlotTry(taken=True)
+            return SlotTry(taken=False, holders=tuple(held)[:HOLDERS_SHOWN])
+
+    def release(self, owner_key: str, request_id: str) -> None:
+        with self._lock:
+            held = self._sets.get(owner_key)
+            if held is not None:
+                held.pop(request_id, None)
+                if not held:
+                    del self._sets[owner_key]
+
+    def hand_over(
+        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+    ) -> bool:
+        with self._lock:
+            held = self._live(owner_key, now)
+            if held.pop(holder, None) is None:
+                return False
+            held[request_id] = now + ttl_s
+            return True
+
+
+# KEYS[1]: the student's set. ARGV: now (ms), ttl (ms), limit, request id, holders shown.
+_TAKE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local ttl = tonumber(ARGV[2])
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + ttl, ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {1}
+end
+return {0, redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)}
+"""
+# KEYS[1]: the student's set. ARGV: now (ms), ttl (ms), the holder, the new request id.
+_HAND_OVER = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZREM', KEYS[1], ARGV[3]) == 0 then
+  return 0
+end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[4])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+
+
+class RedisSlots:
+    """Slots in Redis, shared by every worker: one sorted set per student, scored by when each
+    slot frees itself."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(url)
+        self._prefix = prefix
+        self._take = self._client.register_script(_TAKE)
+        self._hand_over = self._client.register_script(_HAND_OVER)
+
+    def _key(self, owner_key: str) -> str:
+        return f"{self._prefix}:chat:slots:{owner_key}"
+
+    def take(
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+    ) -> SlotTry:
+        args = [int(now * 1000), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
+        found = self._take(keys=[self._key(owner_key)], args=args)
+        if found[0] == 1:
+            return SlotTry(taken=True)
+        return SlotTry(taken=False, holders=tuple(h.decode() for h in found[1]))
+
+    def release(self, owner_key: str, request_id: str) -> None:
+        self._client.zrem(self._key(owner_key), request_id)
+
+    def hand_over(
+        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+    ) -> bool:
+        args = [int(now * 1000), int(ttl_s * 1000), holder, request_id]
+        return self._hand_over(keys=[self._key(owner_key)], args=args) == 1
+
+
+@cache
+def slot_store() -> SlotStore:
+    """Redis when the site's cache is Redis (every worker counts together), else memory."""
+    if isinstance(caches["default"], RedisCache):
+        config = settings.CACHES["default"]
+        return RedisSlots(config["LOCATION"], config.get("KEY_PREFIX", ""))
+    return MemorySlots()
+
+
+def slots_in_process() -> bool:
+    """A slot step costs microseconds and needs no thread."""
+    return isinstance(slot_store(), MemorySlots)
+
+
+def slot_now() -> float:
+    return time.time()

@@ -1,0 +1,120 @@
+"""What one student's stream-slot bookkeeping costs (take a slot, give it back), by cap.
+
+``services/stream_slots.py`` keeps a student's slots in one set (a Redis sorted set, or this
+process's memory) and takes or gives one back in one step. The baseline beside it is the scheme
+it replaced: one cache key per slot, through Django's cache, where taking tries ``cache.add`` on
+each key in turn and giving back reads each key until it finds its request. Each round holds
+``--held`` slots already (other answers of the same student) and takes and gives back one more.
+
+Usage: python benchmarks/stream_slots.py [--rounds 2000] [--caps 1 100 100000] [--held 0]
+Needs the Redis at 127.0.0.1:6379 (keys under a prefix of the run's own, deleted after).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.core.cache.backends.base import BaseCache  # noqa: E402
+from django.core.cache.backends.locmem import LocMemCache  # noqa: E402
+from django.core.cache.backends.redis import RedisCache  # noqa: E402
+
+from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore  # noqa: E402
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+OWNER = "session:bench"
+TTL_S = 120
+Steps = tuple[Callable[[str], bool], Callable[[str], None]]
+
+
+def per_slot_keys(
+    cache: BaseCache, cap: int
+) -> tuple[Callable[[str], bool], Callable[[str], None]]:
+    """The replaced scheme: one key per slot (take: ``add`` each in turn; give back: ``get``
+    each until the request's own, then ``delete``)."""
+    keys = [f"chat:streaming:{OWNER}:{slot}" for slot in range(cap)]
+
+    def take(request_id: str) -> bool:
+        return any(cache.add(key, request_id, timeout=TTL_S) for key in keys)
+
+    def release(request_id: str) -> None:
+        for key in keys:
+            if cache.get(key) == request_id:
+                cache.delete(key)
+                return
+
+    return take, release
+
+
+def one_set(store: SlotStore, cap: int) -> Steps:
+    def take(request_id: str) -> bool:
+        return store.take(OWNER, request_id, limit=cap, ttl_s=TTL_S, now=time.time()).taken
+
+    def release(request_id: str) -> None:
+        store.release(OWNER, request_id)
+
+    return take, release
+
+
+def measure(steps: Steps, *, rounds: int, held: int) -> float:
+    """Median microseconds of one take plus one give-back, with ``held`` slots already held."""
+    take, release = steps
+    for number in range(held):
+        assert take(f"held-{number}")
+    times = []
+    for number in range(rounds):
+        started = time.perf_counter()
+        assert take(f"r{number}")
+        release(f"r{number}")
+        times.append((time.perf_counter() - started) * 1e6)
+    for number in range(held):
+        release(f"held-{number}")
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--caps", type=int, nargs="+", default=[1, 100, 100_000])
+    parser.add_argument("--held", type=int, default=0)
+    args = parser.parse_args()
+    prefix = f"bench-slots-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(REDIS_URL)
+    print(f"take + give back, median of {args.rounds}, {args.held} other slots held (µs)")
+    print(f"{'cap':>8}  {'store':<7}  {'one set':>9}  {'per-slot keys':>14}")
+    try:
+        for cap in args.caps:
+            if cap <= args.held:
+                continue
+            rounds = args.rounds if cap <= 100 else max(20, args.rounds // 100)
+            for name in ("memory", "redis"):
+                if name == "memory":
+                    store: SlotStore = MemorySlots()
+                    cache: BaseCache = LocMemCache(f"bench-{cap}", {})
+                else:
+                    store = RedisSlots(REDIS_URL, prefix)
+                    cache = RedisCache(REDIS_URL, {"KEY_PREFIX": prefix})
+                new = measure(one_set(store, cap), rounds=args.rounds, held=args.held)
+                old = measure(per_slot_keys(cache, cap), rounds=rounds, held=args.held)
+                print(f"{cap:>8}  {name:<7}  {new:>9.1f}  {old:>14.1f}")
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+
+
+if __name__ == "__main__":
+    main()

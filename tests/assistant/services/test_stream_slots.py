@@ -1,0 +1,112 @@
+"""A student's stream slots (``services/stream_slots.py``), in this process's memory and in the
+real Redis at 127.0.0.1:6379 (under a prefix of each test's own): the same behaviour from both,
+atomic across threads, and one key per student whatever the cap."""
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, SlotTry
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+TTL_S = 120.0
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = f"test-slots-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{name}:*"))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, prefix: str) -> SlotStore:
+    if request.param == "memory":
+        return MemorySlots()
+    return RedisSlots(REDIS_URL, prefix)
+
+
+def take(store: SlotStore, request_id: str, *, limit: int = 2, now: float = NOW) -> SlotTry:
+    return store.take("session:abc", request_id, limit=limit, ttl_s=TTL_S, now=now)
+
+
+def test_slots_up_to_the_limit_then_the_holders(store: SlotStore) -> None:
+    assert take(store, "r1").taken and take(store, "r2").taken
+    refused = take(store, "r3")
+    assert not refused.taken
+    assert sorted(refused.holders) == ["r1", "r2"]
+    # Another student is counted apart.
+    assert store.take("session:other", "r9", limit=2, ttl_s=TTL_S, now=NOW).taken
+
+
+def test_a_slot_given_back_is_taken_again(store: SlotStore) -> None:
+    take(store, "r1")
+    take(store, "r2")
+    store.release("session:abc", "r1")
+    store.release("session:abc", "never-held")  # nothing happens
+    assert take(store, "r3").taken
+    assert not take(store, "r4").taken
+
+
+def test_taking_again_with_the_same_request_is_not_a_second_slot(store: SlotStore) -> None:
+    assert take(store, "r1", limit=1).taken
+    assert take(store, "r1", limit=1).taken
+    store.release("session:abc", "r1")
+    assert take(store, "r2", limit=1).taken
+
+
+def test_a_lost_release_frees_its_slot_after_the_ttl(store: SlotStore) -> None:
+    """A worker that died holding a slot: it frees itself ``ttl_s`` after it was taken."""
+    take(store, "r1", limit=1)
+    assert not take(store, "r2", limit=1, now=NOW + TTL_S - 1).taken
+    assert take(store, "r2", limit=1, now=NOW + TTL_S + 1).taken
+
+
+def test_a_slot_handed_over_belongs_to_the_new_request(store: SlotStore) -> None:
+    take(store, "old", limit=1)
+    assert store.hand_over("session:abc", "old", "new", ttl_s=TTL_S, now=NOW)
+    assert take(store, "other", limit=1).holders == ("new",)
+    # A holder that already gave its slot back hands nothing over.
+    assert not store.hand_over("session:abc", "old", "third", ttl_s=TTL_S, now=NOW)
+    store.release("session:abc", "old")  # the old answer's own release, later: a no-op
+    assert take(store, "other", limit=1).holders == ("new",)
+
+
+def test_requests_at_once_take_exactly_the_limit(store: SlotStore) -> None:
+    """Forty threads at once for three slots: exactly three get one."""
+    barrier = threading.Barrier(40)
+    taken: list[str] = []
+
+    def ask(request_id: str) -> None:
+        barrier.wait()
+        if take(store, request_id, limit=3).taken:
+            taken.append(request_id)
+
+    threads = [threading.Thread(target=ask, args=(f"r{i}",)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(taken) == 3, taken
+
+
+def test_one_key_per_student_whatever_the_cap(prefix: str) -> None:
+    """Redis holds one key per student, however high the cap and however many slots taken, and
+    it expires with the last slot's time to live."""
+    store = RedisSlots(REDIS_URL, prefix)
+    for number in range(50):
+        assert store.take("session:abc", f"r{number}", limit=100_000, ttl_s=TTL_S, now=NOW).taken
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    assert keys == [f"{prefix}:chat:slots:session:abc".encode()]
+    assert 0 < client.pttl(keys[0]) <= TTL_S * 1000
+    for number in range(50):
+        store.release("session:abc", f"r{number}")
+    assert client.zcard(keys[0]) == 0
