@@ -20,6 +20,7 @@ DASHBOARD_STRINGS: dict[str, str | Promise] = {
     "liveStale": _("no update for a while…"),
     "liveReconnecting": _("reconnecting…"),
     "liveOffline": _("offline, retrying…"),
+    "liveForbidden": _("staff access ended: log in again to see the figures"),
     "updatedAt": _("{window} · updated {time}"),
     # Numbers, units and times.
     "percent": _("{n} %"),

@@ -29,6 +29,7 @@ from assistant.errors import Rejected
 from assistant.models import BreakerEvent
 from assistant.services.dashboard import WINDOWS, traffic_snapshot, window_chosen
 from assistant.services.serving import split_change, split_load
+from assistant.services.teaching import staff_of_session
 
 #: Seconds between two snapshots pushed to a dashboard.
 PUSH_INTERVAL_S = 1.0
@@ -148,16 +149,30 @@ async def dashboard_events(request: HttpRequest) -> HttpResponseBase:
         window = _window(request)
     except Rejected as rejected:
         return http.api_error(rejected.error)
-    response = StreamingHttpResponse(_snapshots(window), content_type="text/event-stream")
+    session_key = http.session_key(request)
+    assert session_key is not None  # staff_required: a logged-in user has a session
+    snapshots = _snapshots(window, session_key=session_key)
+    response = StreamingHttpResponse(snapshots, content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
     return response
 
 
-async def _snapshots(window: str) -> AsyncIterator[bytes]:
+async def _snapshots(window: str, *, session_key: str) -> AsyncIterator[bytes]:
+    """A snapshot a second for as long as the viewer is staff: checked again every
+    ``CHATSITE_DASHBOARD_RECHECK_S``, and a viewer logged out, deactivated or no longer staff
+    gets a ``forbidden`` event and the end of the stream."""
     # A dropped connection is retried by the browser after two seconds.
     yield sse.encode_event("", event="hello", retry_ms=2000)
+    loop = asyncio.get_running_loop()
+    recheck_s = settings.CHATSITE_DASHBOARD["STAFF_RECHECK_S"]
+    checked = loop.time()
     while True:
+        if loop.time() - checked >= recheck_s:
+            if await run_db(staff_of_session, session_key) is None:
+                yield sse.encode_json_event(errors.STAFF_ONLY.payload(), event="forbidden")
+                return
+            checked = loop.time()
         snapshot = await run_db(dashboard_snapshot, window=window)
         yield sse.encode_event(json.dumps(snapshot), event="snapshot")
         await asyncio.sleep(PUSH_INTERVAL_S)

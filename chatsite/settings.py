@@ -394,6 +394,15 @@ CHATSITE_RATE_LIMITS = {
     "chat": (env_int("CHATSITE_CHAT_RATE", 30), 60),
 }
 
+# How long measurements are kept: `manage.py prune` (daily, deploy/systemd/chatsite-prune.timer)
+# deletes stream records and breaker events older than this, and expired sessions. The students'
+# conversations are theirs, and are kept.
+CHATSITE_RETENTION = {"RECORDS_DAYS": env_int("CHATSITE_RECORDS_KEEP_DAYS", 90)}
+
+# Seconds between two checks, on the staff dashboard's live stream, that its viewer is still
+# staff: an account demoted or deactivated stops receiving figures within this.
+CHATSITE_DASHBOARD = {"STAFF_RECHECK_S": float(env_str("CHATSITE_DASHBOARD_RECHECK_S", "30"))}
+
 CHATSITE_STREAM = {
     # Seconds of silence after which a ": ping" comment keeps proxies and the page's watchdog happy.
     "PING_INTERVAL": float(env_str("CHATSITE_PING_INTERVAL", "15")),

@@ -7,17 +7,12 @@ a key's probes also count against its rate.
 """
 
 from dataclasses import dataclass, field
-from importlib import import_module
-
-from django.conf import settings
-from django.contrib.auth import get_user
-from django.http import HttpRequest
 
 from assistant import errors
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.api_keys import key_admitted, key_presented
-from assistant.services.teaching import is_admin
+from assistant.services.teaching import staff_of_session
 
 MAX_RUNNING = 16
 MAX_PER_CALLER = 4
@@ -48,15 +43,6 @@ class ProbeSeats:
 SEATS = ProbeSeats()
 
 
-def _staff_of(session_key: str) -> str | None:
-    """Synchronous (session store, ORM): ``user:<id>`` when the session is an active staff
-    member's, else None."""
-    request = HttpRequest()
-    request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    user = get_user(request)
-    return f"user:{user.pk}" if is_admin(user) else None
-
-
 async def probe_admit(
     *, authorization: str | None, session_key: str | None, request_id: str
 ) -> str:
@@ -71,7 +57,7 @@ async def probe_admit(
         return identity.owner_key
     if session_key is None:
         raise Rejected(errors.PROBE_LOGIN)
-    caller = await run_db(_staff_of, session_key)
+    caller = await run_db(staff_of_session, session_key)
     if caller is None:
         raise Rejected(errors.PROBE_FORBIDDEN)
     return caller

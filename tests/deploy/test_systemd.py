@@ -37,11 +37,14 @@ METRICS_DIR = "chatsite-metrics-dir.service"
 TARGET = "chatsite.target"
 VLLM = "vllm.service"
 MODEL = "chatsite-model.service"
+PRUNE = "chatsite-prune.service"
+PRUNE_TIMER = "chatsite-prune.timer"
 # What verify loads: every shipped unit, the template as the two instances nginx proxies to.
 VERIFIED = (
     TARGET, "chatsite@8001.service", "chatsite@8002.service", MIGRATE, METRICS_DIR, MODEL, VLLM,
+    PRUNE, PRUNE_TIMER,
 )  # fmt: skip
-CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL)
+CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL, PRUNE)
 
 # The example install's executables, and what a rendering runs instead (each must occur).
 EXAMPLE_EXECUTABLES = {
@@ -126,7 +129,7 @@ def render(work: Path, edits: Sequence[Edit] = (), drop: Sequence[str] = ()) -> 
 
 
 def is_unit(name: str) -> bool:
-    return name.endswith((".service", ".target"))
+    return name.endswith((".service", ".target", ".timer"))
 
 
 def analyze(
@@ -359,6 +362,27 @@ def test_oneshots_run_once_per_group_before_the_workers() -> None:
     assert exec_argv(unit(MIGRATE))[1:] == ["manage.py", "migrate", "--noinput"]
     # Per-worker start steps would race (migrations) or wipe the siblings' metrics.
     assert not values(worker, "Service", "ExecStartPre")
+
+
+def test_pruning_runs_nightly_with_the_workers_environment(systemd_analyze: str) -> None:
+    """chatsite-prune.timer starts the prune oneshot every night (a night missed while the host
+    was down at the next boot); the service runs ``manage.py prune`` with the workers'
+    environment file, in the same sandbox, below them."""
+    timer, service = unit(PRUNE_TIMER), unit(PRUNE)
+    assert value(timer, "Timer", "Unit") == PRUNE
+    assert value(timer, "Timer", "Persistent") == "yes"
+    assert "timers.target" in words(timer, "Install", "WantedBy")
+    calendar = analyze(systemd_analyze, ROOT, "calendar", value(timer, "Timer", "OnCalendar"))
+    assert calendar.returncode == 0, calendar.stderr
+    assert re.search(r"Next elapse: .* 03:30:00", calendar.stdout), calendar.stdout
+    assert value(service, "Service", "Type") == "oneshot"
+    # Not RemainAfterExit: the timer must be able to start it again the next night.
+    assert not values(service, "Service", "RemainAfterExit")
+    assert exec_argv(service)[1:] == ["manage.py", "prune"]
+    assert value(service, "Service", "EnvironmentFile") == "/etc/chatsite/env"
+    assert int(value(service, "Service", "Nice")) > 0
+    for key, expected in SANDBOX.items():
+        assert value(service, "Service", key) == expected, f"{PRUNE}: {key}"
 
 
 def test_metrics_directory_is_shared_and_owned_by_the_oneshot() -> None:

@@ -328,3 +328,23 @@ def test_a_chinese_browser_gets_the_dashboard_in_chinese(
         violations = axe_violations(page)
         assert not violations, format_violations(violations)
         page.screenshot(path=output_dir / "dashboard-zh.png", full_page=True)
+
+
+def test_a_viewer_no_longer_staff_is_told_and_the_page_stops_asking(
+    browser: Browser, daphne_factory: Callable[..., LiveServer], staff_username: str
+) -> None:
+    """Staff status is checked again every second here (CHATSITE_DASHBOARD_RECHECK_S): once the
+    account is demoted, the page says so within a few seconds and stops reconnecting."""
+    from django.contrib.auth import get_user_model
+
+    server = daphne_factory(CHATSITE_DASHBOARD_RECHECK_S="1")
+    for page in dashboard_open(browser, server, staff_username):
+        from_db(
+            lambda: get_user_model().objects.filter(username=staff_username).update(is_staff=False)
+        )
+        live = page.locator("#live")
+        expect(live).to_have_attribute("data-state", "forbidden", timeout=10_000)
+        expect(live).to_have_text("staff access ended: log in again to see the figures")
+        # No reconnection after it: the state stays, nothing is refused in a loop.
+        page.wait_for_timeout(3000)
+        expect(live).to_have_attribute("data-state", "forbidden")

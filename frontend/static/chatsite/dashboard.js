@@ -34,6 +34,7 @@ const LIVE_TEXT = {
   stale: t("liveStale"),
   reconnecting: t("liveReconnecting"),
   offline: t("liveOffline"),
+  forbidden: t("liveForbidden"),
 };
 
 let currentWindow = config.window || "5m";
@@ -114,6 +115,14 @@ function connect(windowName) {
     lastSnapshotAt = performance.now();
     setLive("live");
     draw(snapshot);
+  });
+  // The server checks now and then that the viewer is still staff; when not, it says so and
+  // ends the stream: stop here instead of reconnecting to be refused.
+  es.addEventListener("forbidden", () => {
+    if (es !== source) return;
+    es.close();
+    source = null;
+    setLive("forbidden");
   });
   es.addEventListener("error", () => {
     if (es !== source) return;
