@@ -169,20 +169,82 @@ def request_transport(request: "WebRequest") -> Any:
 
 def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server"]:
     """Daphne's ``Server``, calling ``every_round(server)`` at each round of its own periodic
-    timeout checks (every 2 s, in the reactor's thread), before Daphne's checks.
+    timeout checks (every 2 s, in the reactor's thread), before Daphne's checks; keeping the
+    ports it listens on (``listening_ports``); and, once ``chatsite_draining`` is set, closing
+    each connection after its response (``Connection: close``), so a proxy keeps none of them.
 
     Relies on ``Server.timeout_checker``: ``Server.run`` schedules it 2 s after starting, and it
     reschedules itself with ``reactor.callLater(2, self.timeout_checker)``, so an override runs
-    at every round. Imports ``daphne.server``, which installs Twisted's asyncio reactor.
+    at every round; on ``Server.run`` adding ``self.listen_success`` as the callback of each
+    endpoint's ``listen()`` (its result: the ``IListeningPort``); on ``create_application``
+    handing the application ``functools.partial(self.handle_reply, protocol)`` (the subclass's
+    method), with ``protocol`` a ``WebRequest`` whose ``channel`` is Twisted's ``HTTPChannel``;
+    and on ``HTTPChannel.requestDone`` closing the connection when ``persistent`` is false.
+    Imports ``daphne.server``, which installs Twisted's asyncio reactor.
     """
     from daphne.server import Server
 
     class CheckingServer(Server):
+        #: Set when the server drains: every response from then on closes its connection.
+        chatsite_draining = False
+
         def timeout_checker(self) -> None:
             every_round(self)
             super().timeout_checker()
 
+        def listen_success(self, port: Any) -> None:
+            self.__dict__.setdefault("chatsite_ports", []).append(port)
+            super().listen_success(port)
+
+        async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
+            if self.chatsite_draining and message.get("type") == "http.response.start":
+                channel = getattr(protocol, "channel", None)
+                if channel is not None:
+                    channel.persistent = False
+                headers = [*message.get("headers", ()), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await super().handle_reply(protocol, message)
+
     return CheckingServer
+
+
+def listening_ports(server: "Server") -> list[Any]:
+    """The ports a ``daphne_server_class`` server listens on (Twisted ``IListeningPort``s),
+    for ``stopListening()``."""
+    return list(server.__dict__.get("chatsite_ports", []))
+
+
+def requests_open(server: "Server") -> list["WebRequest"]:
+    """The HTTP requests on ``server`` whose response has not ended and whose client is still
+    there: arriving, waiting for the application, or streaming.
+
+    Relies on Daphne's ``Server.connections`` (see ``requests_arriving``) and on
+    ``WebRequest.finish`` and ``connectionLost`` both calling ``server.protocol_disconnected``,
+    which sets ``"disconnected"``.
+    """
+    from daphne.http_protocol import WebRequest
+
+    return [
+        request
+        for request, details in list(server.connections.items())
+        if isinstance(request, WebRequest) and "disconnected" not in details
+    ]
+
+
+def on_sigterm(reactor: Any, callback: Callable[[], None]) -> None:
+    """Once ``reactor`` runs, have SIGTERM call ``callback()`` in the reactor's thread instead
+    of stopping the reactor at once.
+
+    Relies on Twisted installing its own SIGTERM handler (``reactor.sigTerm``: stop) when the
+    reactor starts running, before the ``callWhenRunning`` calls: the handler set here, after
+    it, replaces it. ``callFromThread`` is what Twisted's own handler uses from a signal.
+    """
+    import signal
+
+    def install() -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: reactor.callFromThread(callback))
+
+    reactor.callWhenRunning(install)
 
 
 def daphne_command_line(server_class: type["Server"]) -> type["CommandLineInterface"]:

@@ -1,6 +1,13 @@
 """Daphne as chatsite runs it: ``python -m chatsite.server`` takes Daphne's own arguments.
 
-One addition: a request must arrive whole, its headers and its body, within
+Two additions. **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
+stops accepting connections, so nginx sends new requests to the other workers; it closes each
+connection it still serves once its response ends, so nginx keeps none of them; it goes on
+serving the requests it has open, answers included, until none is left or
+``CHATSITE_DRAIN_S`` (25 s) has passed; then it stops as Daphne does (what is still open is
+cancelled, and every answer stored). A second SIGTERM stops it at once.
+
+**A deadline for arriving**: a request must arrive whole, its headers and its body, within
 ``CHATSITE_REQUEST_TIMEOUT_S`` (10 s) of its first line. Daphne (Twisted) reads a body to its end
 before the application sees the request, so the application cannot stop a client that trickles
 its body a byte every few seconds: that client would hold the connection for as long as it
@@ -71,8 +78,59 @@ def refuse_late_requests(server: Server) -> None:
             request_refuse_late(request)
 
 
-#: Daphne's server, refusing requests that do not arrive in time (at each of its timeout checks).
-ChatsiteServer = internals.daphne_server_class(refuse_late_requests)
+class Drain:
+    """A worker's graceful stop: ``begin`` on SIGTERM, then a look every ``CHECK_S`` until its
+    open requests have ended (twice in a row: a request on a connection kept alive may just
+    be arriving) or the limit has passed."""
+
+    CHECK_S = 0.1
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.deadline: float | None = None
+        self._quiet = 0
+
+    def begin(self) -> None:
+        from django.conf import settings
+
+        if self.deadline is not None:
+            logger.warning("Asked again to stop: stopping now")
+            self.server.stop()
+            return
+        limit = settings.CHATSITE_STREAM["DRAIN_S"]
+        self.deadline = time.monotonic() + limit
+        self.server.chatsite_draining = True  # type: ignore[attr-defined]
+        for port in internals.listening_ports(self.server):
+            port.stopListening()
+        open_now = len(internals.requests_open(self.server))
+        logger.info("Draining: accepting no more, %d requests open, up to %g s", open_now, limit)
+        self._check()
+
+    def _check(self) -> None:
+        from twisted.internet import reactor
+
+        assert self.deadline is not None
+        open_now = internals.requests_open(self.server)
+        self._quiet = 0 if open_now else self._quiet + 1
+        if self._quiet >= 2:
+            logger.info("Drained: every open request has ended")
+            self.server.stop()
+        elif time.monotonic() >= self.deadline:
+            logger.warning("Drain limit reached with %d requests open: stopping", len(open_now))
+            self.server.stop()
+        else:
+            reactor.callLater(self.CHECK_S, self._check)
+
+
+class ChatsiteServer(internals.daphne_server_class(refuse_late_requests)):  # type: ignore[misc]
+    """Daphne's server, refusing requests that do not arrive in time (at each of its timeout
+    checks) and draining on SIGTERM."""
+
+    def run(self) -> None:
+        from twisted.internet import reactor
+
+        internals.on_sigterm(reactor, Drain(self).begin)
+        super().run()
 
 
 def main() -> None:

@@ -425,6 +425,9 @@ CHATSITE_STREAM = {
     "RESUME_GRACE_S": float(env_str("CHATSITE_RESUME_GRACE_S", "30")),
     "RESUME_KEEP_S": float(env_str("CHATSITE_RESUME_KEEP_S", "60")),
     "RESUME_MAX_BYTES": env_int("CHATSITE_RESUME_MAX_BYTES", 256 * 1024),
+    # Seconds a worker asked to stop (SIGTERM) keeps serving the requests it has open, having
+    # stopped accepting new ones, before it stops anyway (python -m chatsite.server).
+    "DRAIN_S": float(env_str("CHATSITE_DRAIN_S", "25")),
     "SYSTEM_PROMPT": env_str(
         "CHATSITE_SYSTEM_PROMPT",
         "You are a patient, friendly teaching assistant. Answer clearly and briefly.",

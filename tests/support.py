@@ -47,13 +47,18 @@ TEST_SETTINGS = {
     "CHATSITE_CHAT_RATE": "100000",
     # Every test client shares 127.0.0.1, unless a test gives it its own address.
     "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
+    # A server stopped at the end of a module may have a stream a test left open: it drains
+    # for at most this long (tests/deploy/test_drain.py sets its own).
+    "CHATSITE_DRAIN_S": "2",
 }
 
 
-def start_daphne(*, workdir: Path, db_path: str, env: dict[str, str] | None = None) -> LiveServer:
+def start_daphne(
+    *, workdir: Path, db_path: str, env: dict[str, str] | None = None, port: int | None = None
+) -> LiveServer:
     """``assistant.benchmarking.servers.start_daphne`` with ``TEST_SETTINGS`` under ``env``."""
     return servers.start_daphne(
-        workdir=workdir, db_path=db_path, env={**TEST_SETTINGS, **(env or {})}
+        workdir=workdir, db_path=db_path, env={**TEST_SETTINGS, **(env or {})}, port=port
     )
 
 

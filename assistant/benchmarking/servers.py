@@ -200,7 +200,12 @@ def chromium_executable() -> str | None:
 
 
 def start_daphne(
-    *, workdir: Path, db_path: str, env: dict[str, str] | None = None, root: Path = ROOT
+    *,
+    workdir: Path,
+    db_path: str,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
+    port: int | None = None,
 ) -> LiveServer:
     """Start Daphne with chatsite on a free loopback port and wait until it serves.
 
@@ -208,10 +213,11 @@ def start_daphne(
     recording to the server's ``events_file``, unless ``env`` says otherwise; every other
     setting is the settings' default or the environment's, and ``env`` overrides them all.
     Logs and the engine's records go to ``workdir``. ``root`` is the checkout whose code runs
-    (another one compares two versions in one run)."""
-    port = free_port()
+    (another one compares two versions in one run); ``port``, a port to serve on again (a
+    worker restarted), else a free one."""
+    port = port or free_port()
     events_file = workdir / f"engine-events-{port}.jsonl"
-    log_file = workdir / f"daphne-{port}.log"
+    log_file = workdir / f"daphne-{port}-{time.monotonic_ns()}.log"
     env = dict(env or {})
     model_host = None
     if env.get("CHATSITE_ENGINE") == "llamacpp" and "CHATSITE_MODEL_SOCKET" not in env:

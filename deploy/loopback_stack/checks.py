@@ -48,7 +48,8 @@ def check(stack: "LoopbackStack") -> dict[str, Any]:
     found["streams_counted"] = eventually(lambda: metrics_shared(stack.workers))
     static_file(client)
     found["staff_dashboard"] = client.staff_dashboard(stack.staff_password())
-    stack.shell("prune")
+    pruned = stack.manage("prune")
+    expect("would delete" in pruned, f"manage prune --dry-run said {pruned!r}")
     found["postgres_connections"] = int(
         stack.sql(
             "SELECT count(*) FROM pg_stat_activity"

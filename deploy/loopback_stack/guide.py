@@ -44,10 +44,6 @@ curl -sS -N -b "$jar" -H "X-CSRFToken: $(awk '$6 == "csrftoken" {print $7}' "$ja
     {site}/api/chat/stream
 rm "$jar"
 """,
-    "prune": """
-{as_postgres}psql {database} -c \\
-    "DELETE FROM assistant_streamrecord WHERE created_at < now() - interval '30 days'"
-""",
 }
 COMMANDS = {key: command.strip() for key, command in COMMANDS.items()}
 
@@ -64,6 +60,7 @@ MANAGE_COMMANDS = {
     "migrate": "manage migrate --noinput",
     "collectstatic": "manage collectstatic --noinput",
     "createsuperuser": "manage createsuperuser{noinput}",
+    "prune": "manage prune --dry-run --days 30",
 }
 
 # The guide's values. The loopback stack's come from ``LoopbackStack.values``.

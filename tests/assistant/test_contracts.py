@@ -6,10 +6,13 @@ one of them, its test fails by name, before a stream misbehaves in production.
 - Twisted: ``buffered_bytes`` (a transport's private write buffers), ``installed_reactor``.
 - Linux: ``kernel_unsent`` (``TIOCOUTQ``).
 - Daphne, on a real ``Server``/``HTTPFactory``/``WebRequest`` over a loopback TCP connection:
-  ``daphne_socket`` (the connection behind ``send``), ``requests_arriving`` and
-  ``request_transport`` (its connection bookkeeping), ``daphne_server_class`` (its periodic
-  timeout check), ``daphne_command_line`` (its CLI's ``server_class``), ``await_at_shutdown``
-  (its shutdown order).
+  ``daphne_socket`` (the connection behind ``send``), ``requests_arriving``,
+  ``requests_open`` and ``request_transport`` (its connection bookkeeping),
+  ``daphne_server_class`` (its periodic timeout check, its listening ports, a draining
+  server's ``Connection: close``), ``daphne_command_line`` (its CLI's ``server_class``),
+  ``await_at_shutdown`` (its shutdown order).
+- Twisted: ``on_sigterm`` (its SIGTERM handler, replaced once the reactor runs), in a real
+  process.
 - Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
 - Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
 """
@@ -272,6 +275,91 @@ def test_daphne_server_class_checks_at_every_round_of_daphnes_timeout_checks(
     assert again.func == server.timeout_checker
     clock.advance(again.getTime())
     assert rounds == [server, server]
+
+
+async def test_requests_open_from_arrival_until_the_client_is_gone(
+    daphne_connection: _Daphne,
+) -> None:
+    """A request is open from its first line, while the application answers it, until Daphne
+    marks it disconnected."""
+    server = daphne_connection.server
+    assert internals.requests_open(server) == []
+    first_line = HEAD.index(b"\r\n") + 2
+    daphne_connection.receive(HEAD[:first_line])
+    [request] = internals.requests_open(server)
+    daphne_connection.receive(HEAD[first_line:] + b"{}")
+    await daphne_connection.ran.wait()
+    assert internals.requests_open(server) == [request]
+    request.connectionLost(Failure(ConnectionDone()))
+    assert internals.requests_open(server) == []
+
+
+def test_daphne_server_class_keeps_the_ports_it_listens_on() -> None:
+    """``Server.run`` hands each endpoint's listening port to ``listen_success``."""
+    run = inspect.getsource(daphne.server.Server.run)
+    assert "listener.addCallback(self.listen_success)" in run
+    server = internals.daphne_server_class(lambda server: None)(
+        application=None, endpoints=["tcp:port=0"]
+    )
+    assert internals.listening_ports(server) == []
+
+    class Port:
+        def getHost(self) -> IPv4Address:
+            return IPv4Address("TCP", "127.0.0.1", 8001)
+
+    port = Port()
+    server.listen_success(port)
+    assert internals.listening_ports(server) == [port]
+    assert server.listening_addresses == [("127.0.0.1", 8001)]  # Daphne's own still runs
+
+
+async def test_a_draining_server_closes_each_connection_after_its_response(
+    daphne_connection: _Daphne,
+) -> None:
+    """While draining, a response says ``Connection: close`` and its channel is no longer
+    persistent, so Twisted closes the connection when the response ends."""
+    server_class = internals.daphne_server_class(lambda server: None)
+    daphne_connection.server.__class__ = server_class  # the same object graph, the subclass
+    daphne_connection.receive(HEAD + b"{}")
+    await daphne_connection.ran.wait()
+    [send] = daphne_connection.sends
+    [request] = internals.requests_open(daphne_connection.server)
+    channel = request.channel
+    assert channel.persistent
+
+    daphne_connection.server.chatsite_draining = True
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+    assert channel.persistent is False
+    transport = daphne_connection.transport  # never flushed: its reactor does not run
+    written = bytes(transport.dataBuffer) + b"".join(transport._tempDataBuffer)
+    assert b"\r\nconnection: close\r\n" in written.lower()
+
+
+def test_on_sigterm_replaces_twisteds_stop_once_running(tmp_path: Path) -> None:
+    """In a real process on the asyncio reactor: SIGTERM calls the callback (which stops the
+    reactor here) instead of Twisted's own handler."""
+    script = tmp_path / "sigterm.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from twisted.internet import asyncioreactor\n"
+        "asyncioreactor.install()\n"
+        "from twisted.internet import reactor\n"
+        "from assistant import internals\n"
+        "def drain():\n"
+        "    print('drain called', flush=True)\n"
+        "    reactor.stop()\n"
+        "internals.on_sigterm(reactor, drain)\n"
+        "reactor.callWhenRunning(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+        "reactor.run()\n"
+        "print('stopped', flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["drain", "called", "stopped"]
 
 
 async def _application(scope: Any, receive: Any, send: Any) -> None:

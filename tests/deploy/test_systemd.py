@@ -327,7 +327,8 @@ def test_worker_runs_daphne_on_loopback_at_its_instance_port() -> None:
     assert value(worker, "Service", "Restart") in {"always", "on-failure"}
     assert 0 < seconds(value(worker, "Service", "RestartSec")) <= 5
     assert value(worker, "Service", "KillSignal") == "SIGTERM"
-    assert seconds(value(worker, "Service", "TimeoutStopSec")) >= 10
+    # Above the drain (CHATSITE_DRAIN_S, 25 s by default) and the cleanup after it.
+    assert seconds(value(worker, "Service", "TimeoutStopSec")) >= 25 + 10
     assert int(value(worker, "Service", "LimitNOFILE")) >= 16384
     assert value(worker, "Service", "User") == "chatsite"
     for key, expected in SANDBOX.items():
