@@ -27,6 +27,7 @@ from assistant.db import run_db, run_db_write
 from assistant.engines import describe_serving
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent
+from assistant.services.background import draining
 from assistant.services.dashboard import WINDOWS, traffic_snapshot, window_chosen
 from assistant.services.serving import split_change, split_load
 from assistant.services.teaching import staff_of_session
@@ -161,13 +162,14 @@ async def dashboard_events(request: HttpRequest) -> HttpResponseBase:
 async def _snapshots(window: str, *, session_key: str) -> AsyncIterator[bytes]:
     """A snapshot a second for as long as the viewer is staff: checked again every
     ``CHATSITE_DASHBOARD_RECHECK_S``, and a viewer logged out, deactivated or no longer staff
-    gets a ``forbidden`` event and the end of the stream."""
+    gets a ``forbidden`` event and the end of the stream. A worker that drains ends it (the
+    browser reconnects, to another worker, two seconds later)."""
     # A dropped connection is retried by the browser after two seconds.
     yield sse.encode_event("", event="hello", retry_ms=2000)
     loop = asyncio.get_running_loop()
     recheck_s = settings.CHATSITE_DASHBOARD["STAFF_RECHECK_S"]
     checked = loop.time()
-    while True:
+    while not draining():
         if loop.time() - checked >= recheck_s:
             if await run_db(staff_of_session, session_key) is None:
                 yield sse.encode_json_event(errors.STAFF_ONLY.payload(), event="forbidden")

@@ -21,6 +21,7 @@ import fcntl
 import struct
 import sys
 import termios
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -170,7 +171,8 @@ def request_transport(request: "WebRequest") -> Any:
 def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server"]:
     """Daphne's ``Server``, calling ``every_round(server)`` at each round of its own periodic
     timeout checks (every 2 s, in the reactor's thread), before Daphne's checks; keeping the
-    ports it listens on (``listening_ports``); and, once ``chatsite_draining`` is set, closing
+    ports it listens on (``listening_ports``) and its HTTP connections
+    (``connections_close_after_response``); and, once ``chatsite_draining`` is set, closing
     each connection after its response (``Connection: close``), so a proxy keeps none of them.
 
     Relies on ``Server.timeout_checker``: ``Server.run`` schedules it 2 s after starting, and it
@@ -196,6 +198,13 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
             self.__dict__.setdefault("chatsite_ports", []).append(port)
             super().listen_success(port)
 
+        def protocol_connected(self, protocol: Any) -> None:
+            channel = getattr(protocol, "channel", None)
+            if channel is not None:
+                channels = self.__dict__.setdefault("chatsite_channels", weakref.WeakSet())
+                channels.add(channel)
+            super().protocol_connected(protocol)
+
         async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
             if self.chatsite_draining and message.get("type") == "http.response.start":
                 channel = getattr(protocol, "channel", None)
@@ -212,6 +221,41 @@ def listening_ports(server: "Server") -> list[Any]:
     """The ports a ``daphne_server_class`` server listens on (Twisted ``IListeningPort``s),
     for ``stopListening()``."""
     return list(server.__dict__.get("chatsite_ports", []))
+
+
+def listener_close(port: Any) -> None:
+    """Stop listening on ``port`` without resetting the connections waiting in its backlog:
+    they are accepted and served first. (Closing a listening socket resets every connection
+    the kernel has completed but nobody has accepted; nginx, having sent its request on one,
+    would answer 502 rather than try another worker.)
+
+    Relies on Twisted's ``tcp.Port.doRead`` accepting up to ``numberAccepts`` connections in a
+    row, stopping early once ``accept`` finds none waiting, and on ``stopListening``.
+    """
+    if hasattr(port, "doRead") and hasattr(port, "numberAccepts"):
+        port.numberAccepts = 100_000
+        port.doRead()
+    port.stopListening()
+
+
+def connections_close_after_response(server: "Server") -> int:
+    """Make every HTTP connection a ``daphne_server_class`` server knows close once its
+    current response ends, or after the next one when it is between requests (a connection
+    nginx keeps open between requests is not closed under it: nginx may be sending on it that
+    very moment, and a question sent on a connection closing under it is lost, not retried).
+    Returns how many were open.
+
+    Relies on Daphne's ``WebRequest.__init__`` calling ``server.protocol_connected(self)`` with
+    its Twisted ``HTTPChannel`` as ``channel`` (so a connection is known from its first
+    request), and on ``HTTPChannel.persistent`` (see ``daphne_server_class``).
+    """
+    open_now = 0
+    for channel in list(server.__dict__.get("chatsite_channels", ())):
+        if channel.transport is None or getattr(channel.transport, "disconnected", False):
+            continue
+        channel.persistent = False
+        open_now += 1
+    return open_now
 
 
 def requests_open(server: "Server") -> list["WebRequest"]:

@@ -45,13 +45,15 @@ def per_slot_keys(
 ) -> tuple[Callable[[str], bool], Callable[[str], None]]:
     """The replaced scheme: one key per slot (take: ``add`` each in turn; give back: ``get``
     each until the request's own, then ``delete``)."""
-    keys = [f"chat:streaming:{OWNER}:{slot}" for slot in range(cap)]
+
+    def keys() -> list[str]:  # built on every call, as the replaced code did
+        return [f"chat:streaming:{OWNER}:{slot}" for slot in range(cap)]
 
     def take(request_id: str) -> bool:
-        return any(cache.add(key, request_id, timeout=TTL_S) for key in keys)
+        return any(cache.add(key, request_id, timeout=TTL_S) for key in keys())
 
     def release(request_id: str) -> None:
-        for key in keys:
+        for key in keys():
             if cache.get(key) == request_id:
                 cache.delete(key)
                 return
@@ -61,7 +63,7 @@ def per_slot_keys(
 
 def one_set(store: SlotStore, cap: int) -> Steps:
     def take(request_id: str) -> bool:
-        return store.take(OWNER, request_id, limit=cap, ttl_s=TTL_S, now=time.time()).taken
+        return store.take(OWNER, request_id, limit=cap, ttl_s=TTL_S).taken
 
     def release(request_id: str) -> None:
         store.release(OWNER, request_id)

@@ -1,9 +1,12 @@
 """Daphne as chatsite runs it: ``python -m chatsite.server`` takes Daphne's own arguments.
 
 Two additions. **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
-stops accepting connections, so nginx sends new requests to the other workers; it closes each
-connection it still serves once its response ends, so nginx keeps none of them; it goes on
-serving the requests it has open, answers included, until none is left or
+stops accepting connections (those already waiting in its backlog are accepted first), so nginx
+sends new requests to the other workers; each connection it serves closes once its response
+ends (``Connection: close``), so nginx keeps none of them for later (one nginx keeps idle
+meanwhile is not closed under it: a question sent on it at that moment would be lost; it is
+served, then closed); the staff dashboard's live streams end (their pages reconnect elsewhere);
+it goes on serving the requests it has open, answers included, until none is left or
 ``CHATSITE_DRAIN_S`` (25 s) has passed; then it stops as Daphne does (what is still open is
 cancelled, and every answer stored). A second SIGTERM stops it at once.
 
@@ -88,36 +91,54 @@ class Drain:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.deadline: float | None = None
+        self.stopping = False
         self._quiet = 0
 
     def begin(self) -> None:
         from django.conf import settings
 
+        from assistant.services.background import drain_begin
+
         if self.deadline is not None:
-            logger.warning("Asked again to stop: stopping now")
-            self.server.stop()
+            if not self.stopping:
+                logger.warning("Asked again to stop: stopping now")
+                self._stop()
             return
         limit = settings.CHATSITE_STREAM["DRAIN_S"]
         self.deadline = time.monotonic() + limit
         self.server.chatsite_draining = True  # type: ignore[attr-defined]
+        drain_begin()  # endless streams (the staff dashboard's) end now
         for port in internals.listening_ports(self.server):
-            port.stopListening()
+            internals.listener_close(port)
+        connections = internals.connections_close_after_response(self.server)
         open_now = len(internals.requests_open(self.server))
-        logger.info("Draining: accepting no more, %d requests open, up to %g s", open_now, limit)
+        logger.info(
+            "Draining: accepting no more, %d requests open on %d connections, up to %g s",
+            open_now,
+            connections,
+            limit,
+        )
         self._check()
+
+    def _stop(self) -> None:
+        self.stopping = True
+        self.server.stop()
 
     def _check(self) -> None:
         from twisted.internet import reactor
 
         assert self.deadline is not None
+        if self.stopping:
+            return
+        internals.connections_close_after_response(self.server)
         open_now = internals.requests_open(self.server)
         self._quiet = 0 if open_now else self._quiet + 1
         if self._quiet >= 2:
             logger.info("Drained: every open request has ended")
-            self.server.stop()
+            self._stop()
         elif time.monotonic() >= self.deadline:
             logger.warning("Drain limit reached with %d requests open: stopping", len(open_now))
-            self.server.stop()
+            self._stop()
         else:
             reactor.callLater(self.CHECK_S, self._check)
 

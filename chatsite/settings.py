@@ -395,9 +395,10 @@ CHATSITE_RATE_LIMITS = {
 }
 
 # How long measurements are kept: `manage.py prune` (daily, deploy/systemd/chatsite-prune.timer)
-# deletes stream records and breaker events older than this, and expired sessions. The students'
-# conversations are theirs, and are kept.
-CHATSITE_RETENTION = {"RECORDS_DAYS": env_int("CHATSITE_RECORDS_KEEP_DAYS", 90)}
+# deletes stream records and breaker events older than this (0: none), and expired sessions.
+# A school year by default: a class's CSV export and questions page are read from the records.
+# The students' conversations are theirs, and are kept.
+CHATSITE_RETENTION = {"RECORDS_DAYS": env_int("CHATSITE_RECORDS_KEEP_DAYS", 365)}
 
 # Seconds between two checks, on the staff dashboard's live stream, that its viewer is still
 # staff: an account demoted or deactivated stops receiving figures within this.

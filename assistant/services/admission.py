@@ -19,7 +19,7 @@ from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.answer_registry import answer_preempt
 from assistant.services.ratelimit import rate_limit_hit
-from assistant.services.stream_slots import SlotTry, slot_now, slot_store, slots_in_process
+from assistant.services.stream_slots import SlotTry, slot_store, slots_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ async def _slot_take_over(*, owner_key: str, request_id: str, tried: SlotTry) ->
         if answer_preempt(owner_key=owner_key, request_id=holder):
             store = slot_store()
             return await _slot_call(
-                store.hand_over, owner_key, holder, request_id, ttl_s=SLOT_TTL_S, now=slot_now()
+                store.hand_over, owner_key, holder, request_id, ttl_s=SLOT_TTL_S
             )
     return False
 
@@ -77,7 +77,7 @@ def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
     if not limit:
         return SlotTry(taken=True)
     store = slot_store()
-    return store.take(owner_key, request_id, limit=limit, ttl_s=SLOT_TTL_S, now=slot_now())
+    return store.take(owner_key, request_id, limit=limit, ttl_s=SLOT_TTL_S)
 
 
 def cache_in_process() -> bool:

@@ -58,3 +58,18 @@ def _finished(task: asyncio.Task[Any]) -> None:
     _adopted.discard(task)
     if not task.cancelled() and task.exception() is not None:
         logger.error("Background task %s failed", task.get_name(), exc_info=task.exception())
+
+
+#: Set when the worker was asked to stop and drains (``chatsite/server.py``).
+_draining = False
+
+
+def drain_begin() -> None:
+    """The worker drains: streams that never end on their own (the staff dashboard's) end at
+    their next step, so the drain need not wait for them."""
+    global _draining
+    _draining = True
+
+
+def draining() -> bool:
+    return _draining

@@ -38,19 +38,23 @@ def _old_rows_delete(
         return old.count()
     deleted = 0
     while True:
-        ids = list(old.order_by().values_list("pk", flat=True)[:batch])
+        # Oldest first, on the created_at index: each batch reads only rows it deletes.
+        ids = list(old.order_by("created_at").values_list("pk", flat=True)[:batch])
         if not ids:
             return deleted
         deleted += model.objects.filter(pk__in=ids).delete()[0]
 
 
 def records_prune(*, days: int | None = None, dry_run: bool = False, batch: int = BATCH) -> Pruned:
-    """Delete what is older than ``days`` (default ``CHATSITE_RECORDS_KEEP_DAYS``), and the
-    sessions that have expired."""
+    """Delete what is older than ``days`` (default ``CHATSITE_RECORDS_KEEP_DAYS``; 0 keeps
+    every record), and the sessions that have expired (one statement: Django's
+    ``clear_expired``)."""
     keep = settings.CHATSITE_RETENTION["RECORDS_DAYS"] if days is None else days
     before = timezone.now() - timedelta(days=keep)
-    records = _old_rows_delete(StreamRecord, before=before, dry_run=dry_run, batch=batch)
-    events = _old_rows_delete(BreakerEvent, before=before, dry_run=dry_run, batch=batch)
+    records = events = 0
+    if keep > 0:  # 0 (or less): keep every record, as 0 turns other limits off
+        records = _old_rows_delete(StreamRecord, before=before, dry_run=dry_run, batch=batch)
+        events = _old_rows_delete(BreakerEvent, before=before, dry_run=dry_run, batch=batch)
     if not dry_run:
         import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
     return Pruned(

@@ -14,7 +14,6 @@ round trip, so async code calls them through ``run_db`` unless ``slots_in_proces
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
 from typing import Protocol
 
 from django.conf import settings
@@ -35,13 +34,19 @@ class SlotTry:
 
 class SlotStore(Protocol):
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
     ) -> SlotTry: ...
 
     def release(self, owner_key: str, request_id: str) -> None: ...
 
     def hand_over(
-        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+        self,
+        owner_key: str,
+        holder: str,
+        request_id: str,
+        *,
+        ttl_s: float,
+        now: float | None = None,
     ) -> bool: ...
 
 
@@ -59,8 +64,9 @@ class MemorySlots:
         return held
 
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
     ) -> SlotTry:
+        now = time.time() if now is None else now
         with self._lock:
             held = self._live(owner_key, now)
             if request_id in held or len(held) < limit:
@@ -77,8 +83,15 @@ class MemorySlots:
                     del self._sets[owner_key]
 
     def hand_over(
-        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+        self,
+        owner_key: str,
+        holder: str,
+        request_id: str,
+        *,
+        ttl_s: float,
+        now: float | None = None,
     ) -> bool:
+        now = time.time() if now is None else now
         with self._lock:
             held = self._live(owner_key, now)
             if held.pop(holder, None) is None:
@@ -87,27 +100,47 @@ class MemorySlots:
             return True
 
 
-# KEYS[1]: the student's set. ARGV: now (ms), ttl (ms), limit, request id, holders shown.
-_TAKE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+# Now, in ms: ARGV[1] when given (tests), else Redis's own clock, so that every worker's slots
+# expire on one clock whatever the skew between the workers' hosts.
+_NOW = """
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+# KEYS[1]: the student's set. ARGV: now (ms) or "", ttl (ms), limit, request id, holders shown.
+_TAKE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local ttl = tonumber(ARGV[2])
 if redis.call('ZSCORE', KEYS[1], ARGV[4]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + ttl, ARGV[4])
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[4])
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {1}
 end
 return {0, redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)}
 """
-# KEYS[1]: the student's set. ARGV: now (ms), ttl (ms), the holder, the new request id.
-_HAND_OVER = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+)
+# KEYS[1]: the student's set. ARGV: now (ms) or "", ttl (ms), the holder, the new request id.
+_HAND_OVER = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZREM', KEYS[1], ARGV[3]) == 0 then
   return 0
 end
-redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[4])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
+)
+
+
+def _ms(now: float | None) -> int | str:
+    """``now`` for a script: milliseconds, or "" for Redis's own clock."""
+    return "" if now is None else int(now * 1000)
 
 
 class RedisSlots:
@@ -126,9 +159,9 @@ class RedisSlots:
         return f"{self._prefix}:chat:slots:{owner_key}"
 
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float
+        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
     ) -> SlotTry:
-        args = [int(now * 1000), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
+        args = [_ms(now), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
         found = self._take(keys=[self._key(owner_key)], args=args)
         if found[0] == 1:
             return SlotTry(taken=True)
@@ -138,15 +171,34 @@ class RedisSlots:
         self._client.zrem(self._key(owner_key), request_id)
 
     def hand_over(
-        self, owner_key: str, holder: str, request_id: str, *, ttl_s: float, now: float
+        self,
+        owner_key: str,
+        holder: str,
+        request_id: str,
+        *,
+        ttl_s: float,
+        now: float | None = None,
     ) -> bool:
-        args = [int(now * 1000), int(ttl_s * 1000), holder, request_id]
+        args = [_ms(now), int(ttl_s * 1000), holder, request_id]
         return self._hand_over(keys=[self._key(owner_key)], args=args) == 1
 
 
-@cache
+_store: SlotStore | None = None
+_store_lock = threading.Lock()
+
+
 def slot_store() -> SlotStore:
-    """Redis when the site's cache is Redis (every worker counts together), else memory."""
+    """Redis when the site's cache is Redis (every worker counts together), else memory; one
+    per process, made once even when two threads ask first at the same moment."""
+    global _store
+    if _store is None:
+        with _store_lock:
+            if _store is None:
+                _store = _store_made()
+    return _store
+
+
+def _store_made() -> SlotStore:
     if isinstance(caches["default"], RedisCache):
         config = settings.CACHES["default"]
         return RedisSlots(config["LOCATION"], config.get("KEY_PREFIX", ""))
@@ -156,7 +208,3 @@ def slot_store() -> SlotStore:
 def slots_in_process() -> bool:
     """A slot step costs microseconds and needs no thread."""
     return isinstance(slot_store(), MemorySlots)
-
-
-def slot_now() -> float:
-    return time.time()

@@ -12,7 +12,7 @@ one of them, its test fails by name, before a stream misbehaves in production.
   server's ``Connection: close``), ``daphne_command_line`` (its CLI's ``server_class``),
   ``await_at_shutdown`` (its shutdown order).
 - Twisted: ``on_sigterm`` (its SIGTERM handler, replaced once the reactor runs), in a real
-  process.
+  process; ``listener_close`` (``tcp.Port``'s accept loop, over a real listening socket).
 - Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
 - Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
 """
@@ -317,7 +317,8 @@ async def test_a_draining_server_closes_each_connection_after_its_response(
     daphne_connection: _Daphne,
 ) -> None:
     """While draining, a response says ``Connection: close`` and its channel is no longer
-    persistent, so Twisted closes the connection when the response ends."""
+    persistent, so Twisted closes the connection when the response ends; the server knows the
+    connection from its request (``protocol_connected``)."""
     server_class = internals.daphne_server_class(lambda server: None)
     daphne_connection.server.__class__ = server_class  # the same object graph, the subclass
     daphne_connection.receive(HEAD + b"{}")
@@ -328,6 +329,10 @@ async def test_a_draining_server_closes_each_connection_after_its_response(
     assert channel.persistent
 
     daphne_connection.server.chatsite_draining = True
+    # The connection is known (from its request), and every known one closes after a response.
+    assert internals.connections_close_after_response(daphne_connection.server) == 1
+    assert channel.persistent is False
+    channel.persistent = True  # and handle_reply does the same for a response begun now
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"{}"})
     assert channel.persistent is False
@@ -360,6 +365,44 @@ def test_on_sigterm_replaces_twisteds_stop_once_running(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["drain", "called", "stopped"]
+
+
+class _ListeningReactor(_Reactor):
+    """``_Reactor`` that also runs what a port schedules for when it stops listening."""
+
+    def callLater(self, _delay: float, function: Any, *args: Any) -> None:
+        function(*args)
+
+
+def test_listener_close_serves_the_backlog_before_it_stops_listening() -> None:
+    """Connections the kernel completed but nobody accepted yet are accepted (a protocol built
+    for each) when the port closes, not reset; a connection after that is refused."""
+    from twisted.internet.protocol import Factory, Protocol
+
+    built: list[Protocol] = []
+
+    class Recording(Factory):
+        def buildProtocol(self, addr: Any) -> Protocol:
+            protocol = Protocol()
+            built.append(protocol)
+            return protocol
+
+    assert "numberAccepts" in inspect.getsource(tcp.Port.doRead)
+    port = tcp.Port(0, Recording(), interface="127.0.0.1", reactor=_ListeningReactor())
+    port.startListening()
+    number = port.getHost().port
+    waiting = [socket.create_connection(("127.0.0.1", number)) for _ in range(3)]
+    try:
+        internals.listener_close(port)
+        assert len(built) == 3
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", number), timeout=5)
+    finally:
+        for client in waiting:
+            client.close()
+        for protocol in built:
+            if protocol.transport is not None:
+                protocol.transport.socket.close()
 
 
 async def _application(scope: Any, receive: Any, send: Any) -> None:

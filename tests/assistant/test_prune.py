@@ -72,9 +72,9 @@ def run(*args: str) -> str:
 
 
 def test_older_than_the_retention_goes(history: dict[str, Any]) -> None:
-    """The default keeps 90 days: the 200- and 91-day-old rows go, the rest stay; the expired
-    session goes, the live one and the old conversation stay."""
-    said = run()
+    """Keeping 90 days: the 200- and 91-day-old rows go, the rest stay; the expired session
+    goes, the live one and the old conversation stay."""
+    said = run("--days", "90")
     assert "deleted 2 stream records and 2 breaker events" in said
     assert StreamRecord.objects.count() == BreakerEvent.objects.count() == 2
     oldest = timezone.now() - timedelta(days=90)
@@ -92,11 +92,21 @@ def test_a_dry_run_counts_and_deletes_nothing(history: dict[str, Any]) -> None:
 
 
 def test_days_and_the_setting_choose_the_cut(history: dict[str, Any], settings: Any) -> None:
+    run()  # the default keeps a year: nothing here is that old
+    assert StreamRecord.objects.count() == 4
     run("--days", "100")
     assert StreamRecord.objects.count() == 3
     settings.CHATSITE_RETENTION = {"RECORDS_DAYS": 1}
     run()
     assert StreamRecord.objects.count() == 1
+
+
+def test_a_retention_of_zero_keeps_every_record(history: dict[str, Any], settings: Any) -> None:
+    """0 turns pruning of records off, as 0 turns other limits off; sessions still expire."""
+    settings.CHATSITE_RETENTION = {"RECORDS_DAYS": 0}
+    assert "deleted 0 stream records and 0 breaker events" in run()
+    assert StreamRecord.objects.count() == BreakerEvent.objects.count() == 4
+    assert not Session.objects.filter(session_key=history["expired"]).exists()
 
 
 def test_batches_delete_everything_old() -> None:

@@ -75,10 +75,16 @@ def answer(port: int, cookies: Cookies, message: str) -> tuple[int, list[Event]]
     return response.status, events
 
 
-def drain_and_restart(worker: LiveServer, start: Callable[..., LiveServer]) -> dict[str, Any]:
-    """SIGTERM ``worker``, wait for it to exit, start a new one on its port."""
-    signalled = time.monotonic()
+def drain(worker: LiveServer) -> float:
+    """SIGTERM ``worker``: when it was signalled."""
     worker.process.send_signal(signal.SIGTERM)
+    return time.monotonic()
+
+
+def restart(
+    worker: LiveServer, signalled: float, start: Callable[..., LiveServer]
+) -> dict[str, Any]:
+    """Wait for the drained ``worker`` to exit, then start a new one on its port."""
     code = worker.process.wait(timeout=60)
     exited = time.monotonic()
     start(port=worker.port)
@@ -102,10 +108,11 @@ def test_a_rolling_restart_cuts_no_answer(
     with ThreadPoolExecutor(max_workers=120) as pool:
         first = [pool.submit(answer, site.port, c, QUESTION) for c in students[:100]]
         time.sleep(1.0)  # every one of them is being answered now
-        restarts = [drain_and_restart(workers[0], start)]
-        # Students asking while the first worker drains and restarts.
+        signalled = drain(workers[0])
+        # Students asking while the first worker drains: nginx must send them to the other.
         second = [pool.submit(answer, site.port, c, QUESTION) for c in students[100:]]
-        restarts.append(drain_and_restart(workers[1], start))
+        restarts = [restart(workers[0], signalled, start)]
+        restarts.append(restart(workers[1], drain(workers[1]), start))
         results = [f.result(timeout=120) for f in first + second]
 
     broken = [
@@ -118,6 +125,7 @@ def test_a_rolling_restart_cuts_no_answer(
             {
                 "answers": len(results),
                 "broken": len(broken),
+                "broken_seen": broken[:5],
                 "drain_s": [r["drain_s"] for r in restarts],
             },
             indent=2,
@@ -125,11 +133,12 @@ def test_a_rolling_restart_cuts_no_answer(
         + "\n"
     )
     assert not broken, broken
-    for restart in restarts:
-        assert restart["exit"] == 0, restart["log"][-2000:]
-        assert "Drained: every open request has ended" in restart["log"]
-        # It waited for the answers it had open (about 4 s each), and no longer than the limit.
-        assert 0.5 < restart["drain_s"] < 20, restart
+    for done in restarts:
+        assert done["exit"] == 0, done["log"][-2000:]
+        assert "Drained: every open request has ended" in done["log"]
+        assert done["drain_s"] < 20, done
+    # The first worker waited for the answers it had open (about 4 s each, 1 s in).
+    assert restarts[0]["drain_s"] > 1.0, restarts
 
     # Every answer stored once, whole, its record a success.
     message_ids = [

@@ -1,5 +1,5 @@
 """``manage.py prune [--days N] [--dry-run]``: delete measurements older than the retention
-(``CHATSITE_RECORDS_KEEP_DAYS``, 90) and expired sessions. Run daily by
+(``CHATSITE_RECORDS_KEEP_DAYS``, 365; 0 keeps them all) and expired sessions. Run daily by
 deploy/systemd/chatsite-prune.timer."""
 
 from typing import Any

@@ -110,3 +110,17 @@ def test_one_key_per_student_whatever_the_cap(prefix: str) -> None:
     for number in range(50):
         store.release("session:abc", f"r{number}")
     assert client.zcard(keys[0]) == 0
+
+
+def test_redis_dates_slots_on_its_own_clock(prefix: str) -> None:
+    """Without ``now`` (as the site calls it) a slot's time is Redis's, not the worker's: the
+    workers' hosts may disagree about the time, Redis does not."""
+    store = RedisSlots(REDIS_URL, prefix)
+    assert store.take("session:abc", "r1", limit=1, ttl_s=TTL_S).taken
+    client = redis.Redis.from_url(REDIS_URL)
+    seconds, micros = client.time()
+    redis_ms = seconds * 1000 + micros // 1000
+    score = client.zscore(f"{prefix}:chat:slots:session:abc", "r1")
+    assert score is not None and abs(score - (redis_ms + TTL_S * 1000)) < 5000
+    assert store.take("session:abc", "r2", limit=1, ttl_s=TTL_S).holders == ("r1",)
+    assert store.hand_over("session:abc", "r1", "r2", ttl_s=TTL_S)
