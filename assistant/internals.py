@@ -172,24 +172,22 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
     """Daphne's ``Server``, calling ``every_round(server)`` at each round of its own periodic
     timeout checks (every 2 s, in the reactor's thread), before Daphne's checks; keeping the
     ports it listens on (``listening_ports``) and its HTTP connections
-    (``connections_close_after_response``); and, once ``chatsite_draining`` is set, closing
+    (``connections_close_after_response``); and, once ``chatsite_drain()`` was called, closing
     each connection after its response (``Connection: close``), so a proxy keeps none of them.
 
     Relies on ``Server.timeout_checker``: ``Server.run`` schedules it 2 s after starting, and it
     reschedules itself with ``reactor.callLater(2, self.timeout_checker)``, so an override runs
     at every round; on ``Server.run`` adding ``self.listen_success`` as the callback of each
     endpoint's ``listen()`` (its result: the ``IListeningPort``); on ``create_application``
-    handing the application ``functools.partial(self.handle_reply, protocol)`` (the subclass's
-    method), with ``protocol`` a ``WebRequest`` whose ``channel`` is Twisted's ``HTTPChannel``;
+    handing the application ``functools.partial(self.handle_reply, protocol)``, looked up on the
+    server when the application is created (an instance attribute set by ``chatsite_drain``
+    wins), with ``protocol`` a ``WebRequest`` whose ``channel`` is Twisted's ``HTTPChannel``;
     and on ``HTTPChannel.requestDone`` closing the connection when ``persistent`` is false.
     Imports ``daphne.server``, which installs Twisted's asyncio reactor.
     """
     from daphne.server import Server
 
     class CheckingServer(Server):
-        #: Set when the server drains: every response from then on closes its connection.
-        chatsite_draining = False
-
         def timeout_checker(self) -> None:
             every_round(self)
             super().timeout_checker()
@@ -205,14 +203,20 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
                 channels.add(channel)
             super().protocol_connected(protocol)
 
-        async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
-            if self.chatsite_draining and message.get("type") == "http.response.start":
+        def chatsite_drain(self) -> None:
+            """From now on every response closes its connection. Only the applications
+            created from now on send through ``_reply_closing`` (their ``send`` is bound
+            when they are created): no frame of an answer already streaming pays for it."""
+            self.handle_reply = self._reply_closing  # type: ignore[method-assign]
+
+        async def _reply_closing(self, protocol: Any, message: dict[str, Any]) -> None:
+            if message.get("type") == "http.response.start":
                 channel = getattr(protocol, "channel", None)
                 if channel is not None:
                     channel.persistent = False
                 headers = [*message.get("headers", ()), (b"connection", b"close")]
                 message = {**message, "headers": headers}
-            await super().handle_reply(protocol, message)
+            await Server.handle_reply(self, protocol, message)
 
     return CheckingServer
 

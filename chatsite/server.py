@@ -106,7 +106,7 @@ class Drain:
             return
         limit = settings.CHATSITE_STREAM["DRAIN_S"]
         self.deadline = time.monotonic() + limit
-        self.server.chatsite_draining = True  # type: ignore[attr-defined]
+        self.server.chatsite_drain()  # type: ignore[attr-defined]
         drain_begin()  # endless streams (the staff dashboard's) end now
         for port in internals.listening_ports(self.server):
             internals.listener_close(port)

@@ -84,15 +84,20 @@ def session_issue(session: Any, *, client: str) -> bool:
     return True
 
 
+def session_user(session_key: str | None) -> tuple[Any, Any]:
+    """Synchronous (session store, ORM): the user behind a session cookie (anonymous when
+    nobody is logged in, or the session is no longer valid for them), and the session. An
+    unknown or expired key leaves the session empty and without a key."""
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    request = HttpRequest()
+    request.session = session
+    return get_user(request), session
+
+
 def identity_resolve(session_key: str | None) -> Identity:
     """Synchronous (ORM): the identity behind a session cookie; the empty owner key when the
     request has no live session."""
-    store = import_module(settings.SESSION_ENGINE).SessionStore
-    session = store(session_key)
-    request = HttpRequest()
-    request.session = session
-    # Loads the session; an unknown or expired key leaves it empty and without a key.
-    user = get_user(request)
+    user, session = session_user(session_key)
     if not user.is_authenticated and not session.session_key:
         return Identity(owner_key="")
     return Identity(

@@ -7,18 +7,18 @@ answer an unknown id gets.
 """
 
 import uuid
-from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user, get_user_model
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
-from django.http import Http404, HttpRequest
+from django.http import Http404
 
 from assistant.models import ClassMember, Classroom
 from assistant.services.classrooms import join_code_new
+from assistant.services.identity import owner_key_for, session_user
 
 TEACHERS_GROUP = "Teachers"
 TEACH_PERMISSION = "assistant.teach"
@@ -32,10 +32,8 @@ def is_admin(user: Any) -> bool:
 def staff_of_session(session_key: str) -> str | None:
     """Synchronous (session store, ORM): ``user:<id>`` when the session is an active staff
     member's now (logged in, session still valid, still staff), else None."""
-    request = HttpRequest()
-    request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    user = get_user(request)
-    return f"user:{user.pk}" if is_admin(user) else None
+    user, _session = session_user(session_key)
+    return owner_key_for(user, session_key) if is_admin(user) else None
 
 
 def is_teacher(user: Any) -> bool:

@@ -316,23 +316,26 @@ def test_daphne_server_class_keeps_the_ports_it_listens_on() -> None:
 async def test_a_draining_server_closes_each_connection_after_its_response(
     daphne_connection: _Daphne,
 ) -> None:
-    """While draining, a response says ``Connection: close`` and its channel is no longer
-    persistent, so Twisted closes the connection when the response ends; the server knows the
-    connection from its request (``protocol_connected``)."""
+    """Once draining, an application created since sends through the closing reply: its
+    response says ``Connection: close`` and its channel is no longer persistent, so Twisted
+    closes the connection when the response ends. The server knows the connection from its
+    request (``protocol_connected``), and ``connections_close_after_response`` marks it too."""
+    assert "partial(self.handle_reply, protocol)" in inspect.getsource(
+        daphne.server.Server.create_application
+    )
     server_class = internals.daphne_server_class(lambda server: None)
     daphne_connection.server.__class__ = server_class  # the same object graph, the subclass
+    daphne_connection.server.chatsite_drain()
     daphne_connection.receive(HEAD + b"{}")
     await daphne_connection.ran.wait()
     [send] = daphne_connection.sends
     [request] = internals.requests_open(daphne_connection.server)
     channel = request.channel
     assert channel.persistent
-
-    daphne_connection.server.chatsite_draining = True
-    # The connection is known (from its request), and every known one closes after a response.
     assert internals.connections_close_after_response(daphne_connection.server) == 1
     assert channel.persistent is False
-    channel.persistent = True  # and handle_reply does the same for a response begun now
+    channel.persistent = True  # and the closing reply does the same for a response begun now
+
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"{}"})
     assert channel.persistent is False
