@@ -5,6 +5,7 @@ answer, when they are sent; codes never change with the language.
 """
 
 import json
+import random
 from dataclasses import dataclass
 
 from django.utils.functional import Promise
@@ -36,6 +37,12 @@ class Rejected(Exception):
         super().__init__(str(error.message))
         self.error = error
         self.retry_after = retry_after
+
+    @classmethod
+    def spread(cls, error: ApiError, low: int, high: int) -> "Rejected":
+        """Refused with a Retry-After between ``low`` and ``high`` seconds, at random: those
+        refused together (a burst) do not all come back together."""
+        return cls(error, retry_after=random.randint(low, high))
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         if self.retry_after is None:
@@ -127,6 +134,11 @@ GIVEN_UP = {
 }
 ENGINE_BUSY = ApiError(
     503, "engine_busy", _("Many students are asking right now. Please try again in a few seconds.")
+)
+SITE_BUSY = ApiError(
+    503,
+    "site_busy",
+    _("Many students are opening the site at once. Please try again in a few seconds."),
 )
 DATABASE_UNAVAILABLE = ApiError(
     503,

@@ -119,6 +119,20 @@ class CsrfCheck(CsrfViewMiddleware):
         return reason
 
 
+# --- Django: a response its request log should not write ---------------------------------
+
+
+def response_logged(response: Any) -> None:
+    """Have Django's request log skip ``response``: a refusal the site counts itself
+    (``ai_rejections_total``) is no error, and a burst of them would write an ERROR line
+    ("Service Unavailable: /") for each.
+
+    Relies on ``django.utils.log.log_response``, which the handlers call for every response of
+    400 or more, returning at once when the response's ``_has_been_logged`` is true.
+    """
+    response._has_been_logged = True
+
+
 # --- Channels: dispatching a message to its handler --------------------------------------
 
 
@@ -293,6 +307,15 @@ def on_sigterm(reactor: Any, callback: Callable[[], None]) -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: reactor.callFromThread(callback))
 
     reactor.callWhenRunning(install)
+
+
+def server_endpoints_map(server: "Server", change: Callable[[str], str]) -> None:
+    """Replace each endpoint description ``server`` will listen on with ``change(it)``.
+
+    Relies on ``Server.__init__`` keeping the descriptions (``tcp:port=8001:interface=...``) in
+    ``server.endpoints``, which ``Server.run`` hands to Twisted's ``serverFromString``.
+    """
+    server.endpoints = [change(str(endpoint)) for endpoint in server.endpoints]
 
 
 def daphne_command_line(server_class: type["Server"]) -> type["CommandLineInterface"]:

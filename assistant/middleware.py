@@ -1,5 +1,5 @@
-"""Middleware that keeps the Django serving path's event streams unbuffered and spares it the
-worst thread hops.
+"""Middleware that keeps the Django serving path's event streams unbuffered, spares it the worst
+thread hops, and has a burst of page loads wait its turn (``PageLineMiddleware``).
 
 Django runs a sync-only middleware in an async stack on its thread-sensitive executor for every
 request. WhiteNoise's middleware is sync-only, so it is wrapped: static paths are served by it on
@@ -14,6 +14,10 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponseBase
 from django.middleware.gzip import GZipMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
+
+from assistant import internals
+from assistant.busy import busy_response
+from assistant.services.page_line import page_line, site_busy
 
 type GetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
 
@@ -52,3 +56,32 @@ class EventStreamSafeGZipMiddleware(GZipMiddleware):
         if response.get("Content-Type", "").startswith("text/event-stream"):
             return response
         return super().process_response(request, response)
+
+
+class PageLineMiddleware:
+    """Each request waits its turn in the worker's page line (services/page_line.py) before
+    anything that may use the database runs; one that waited too long is refused, 503
+    ``site_busy`` with Retry-After: the busy page to a navigation, JSON otherwise, counted
+    (``ai_rejections_total``) but not written to the log, one line per refusal in a burst.
+    Prometheus's scrape never waits (the health probes are answered before Django)."""
+
+    async_capable = True
+    sync_capable = False
+    UNLIMITED = frozenset({"/metrics"})
+
+    def __init__(self, get_response: GetResponse) -> None:
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        line = page_line()
+        if line is None or request.path_info in self.UNLIMITED:
+            return await self.get_response(request)
+        if not await line.enter():
+            response = busy_response(request, site_busy())
+            internals.response_logged(response)
+            return response
+        try:
+            return await self.get_response(request)
+        finally:
+            line.leave()

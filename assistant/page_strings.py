@@ -33,6 +33,7 @@ CHAT_STRINGS: dict[str, str | Promise] = {
     "untitled": _("Untitled"),
     "cannotOpen": _("That conversation could not be opened."),
     "retryingIn": _("{message} Asking again in {s} s…"),
+    "seatWait": _("Waiting for a free seat ({waited} s so far). Asking again in {s} s…"),
     "answerReady": _("Answer ready."),
     "darkMode": _("Dark mode"),
     "showConversations": _("Show conversations"),

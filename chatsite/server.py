@@ -1,6 +1,6 @@
 """Daphne as chatsite runs it: ``python -m chatsite.server`` takes Daphne's own arguments.
 
-Two additions. **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
+Three additions. **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
 stops accepting connections (those already waiting in its backlog are accepted first), so nginx
 sends new requests to the other workers; each connection it serves closes once its response
 ends (``Connection: close``), so nginx keeps none of them for later (one nginx keeps idle
@@ -9,6 +9,10 @@ served, then closed); the staff dashboard's live streams end (their pages reconn
 it goes on serving the requests it has open, answers included, until none is left or
 ``CHATSITE_DRAIN_S`` (25 s) has passed; then it stops as Daphne does (what is still open is
 cancelled, and every answer stored). A second SIGTERM stops it at once.
+
+**A longer listen backlog**: ``CHATSITE_LISTEN_BACKLOG`` (2048) connections wait for the worker
+to accept them, where Twisted's default holds 50; a burst beyond that would have nginx's
+connections time out and the students get errors.
 
 **A deadline for arriving**: a request must arrive whole, its headers and its body, within
 ``CHATSITE_REQUEST_TIMEOUT_S`` (10 s) of its first line. Daphne (Twisted) reads a body to its end
@@ -143,9 +147,25 @@ class Drain:
             reactor.callLater(self.CHECK_S, self._check)
 
 
+def backlog_set(endpoint: str, backlog: int) -> str:
+    """A Twisted endpoint description listening with ``backlog``, unless it names its own (a
+    TCP or Unix socket; a socket passed in by file descriptor keeps the one it was made with)."""
+    kind = endpoint.split(":", 1)[0]
+    if kind not in ("tcp", "tcp6", "unix") or ":backlog=" in endpoint:
+        return endpoint
+    return f"{endpoint}:backlog={backlog}"
+
+
 class ChatsiteServer(internals.daphne_server_class(refuse_late_requests)):  # type: ignore[misc]
     """Daphne's server, refusing requests that do not arrive in time (at each of its timeout
-    checks) and draining on SIGTERM."""
+    checks), listening with CHATSITE_LISTEN_BACKLOG, and draining on SIGTERM."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from django.conf import settings  # Daphne imported the application: set up
+
+        super().__init__(*args, **kwargs)
+        backlog = settings.CHATSITE_CLIENTS["LISTEN_BACKLOG"]
+        internals.server_endpoints_map(self, lambda endpoint: backlog_set(endpoint, backlog))
 
     def run(self) -> None:
         from twisted.internet import reactor

@@ -72,6 +72,8 @@ MIDDLEWARE = [
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # WhiteNoise, wrapped so that the stack stays async (no thread hop per request).
     "assistant.middleware.StaticFilesMiddleware",
+    # Page loads beyond CHATSITE_PAGES_AT_ONCE wait their turn, then get a 503 busy page.
+    "assistant.middleware.PageLineMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # The page's language: the one the student chose (a cookie), else the browser's.
     "django.middleware.locale.LocaleMiddleware",
@@ -143,6 +145,15 @@ CHATSITE_DB_THREADS = {
     "write": env_int("CHATSITE_DB_WRITE_THREADS", 1),
     # Long reads for people, not students (a class's CSV export): never on the readers above.
     "bulk": env_int("CHATSITE_DB_BULK_THREADS", 1),
+}
+
+# Django's requests (pages, the history API, beacons) a worker runs at once, each on a thread
+# with a database connection (assistant/services/page_line.py): with the threads above they fit
+# the pool. The rest wait their turn up to WAIT_S seconds, then get a 503 busy page with
+# Retry-After. 0: no limit.
+CHATSITE_PAGES = {
+    "AT_ONCE": env_int("CHATSITE_PAGES_AT_ONCE", 4),
+    "WAIT_S": float(env_str("CHATSITE_PAGES_WAIT_S", "5")),
 }
 
 # One process: in memory. Several workers: Redis, shared by all of them (sessions' cache, rate
@@ -360,6 +371,9 @@ CHATSITE_CLIENTS = {
     # Seconds a request may take to arrive whole, headers and body (python -m chatsite.server);
     # 0: no limit. Behind nginx, nginx reads the body first.
     "REQUEST_TIMEOUT_S": float(env_str("CHATSITE_REQUEST_TIMEOUT_S", "10")),
+    # Connections the kernel holds for a worker before it accepts them (python -m chatsite.server;
+    # Twisted's own is 50, which a burst through nginx overflows). Capped by net.core.somaxconn.
+    "LISTEN_BACKLOG": env_int("CHATSITE_LISTEN_BACKLOG", 2048),
 }
 
 # Failed password logins before the username, or the address, is locked for LOCKOUT_S

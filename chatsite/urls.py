@@ -13,3 +13,6 @@ urlpatterns = [
     path("teach/", include("assistant.teach_urls")),
     path("", include("django_prometheus.urls")),
 ]
+
+# A database that cannot take a request now answers 503 with Retry-After, not a 500 page.
+handler500 = "assistant.busy.server_error"

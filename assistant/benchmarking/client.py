@@ -44,6 +44,8 @@ class Sample:
     outcome: Outcome = "incomplete"
     error: str | None = None  # the error event's code, "<status> <code>", or the exception
     status: int | None = None
+    #: The Retry-After header of a refusal (429, 503), as sent.
+    retry_after: str | None = None
     request_id: str | None = None
     headers_ms: float | None = None
     ttfb_ms: float | None = None
@@ -181,6 +183,7 @@ class Student:
             body = await response.aread()
             code = _error_code(body) or ("not an event stream" if response.is_success else None)
             sample.outcome = "http_error"
+            sample.retry_after = response.headers.get("retry-after")
             sample.error = f"{response.status_code} {code}" if code else str(response.status_code)
             sample.e2e_ms = _ms(time.perf_counter() - sent)
             return

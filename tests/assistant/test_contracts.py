@@ -313,6 +313,20 @@ def test_daphne_server_class_keeps_the_ports_it_listens_on() -> None:
     assert server.listening_addresses == [("127.0.0.1", 8001)]  # Daphne's own still runs
 
 
+def test_server_endpoints_map_changes_what_run_listens_on() -> None:
+    """``Server.__init__`` keeps the endpoint descriptions in ``endpoints``; ``run`` passes each
+    to ``serverFromString``."""
+    assert "serverFromString(reactor, str(socket_description))" in inspect.getsource(
+        daphne.server.Server.run
+    )
+    assert "for socket_description in self.endpoints:" in inspect.getsource(
+        daphne.server.Server.run
+    )
+    server = daphne.server.Server(application=None, endpoints=["tcp:port=0:interface=127.0.0.1"])
+    internals.server_endpoints_map(server, lambda endpoint: endpoint + ":backlog=7")
+    assert server.endpoints == ["tcp:port=0:interface=127.0.0.1:backlog=7"]
+
+
 async def test_a_draining_server_closes_each_connection_after_its_response(
     daphne_connection: _Daphne,
 ) -> None:
@@ -492,6 +506,21 @@ def test_csrf_check_gives_the_reason_for_a_missing_token(settings: Any) -> None:
 
     assert refused is not None and refused.code == errors.CSRF_FAILED.code
     assert "CSRF cookie not set" in refused.message
+
+
+def test_response_logged_keeps_a_response_out_of_djangos_request_log(caplog: Any) -> None:
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from django.utils.log import log_response
+
+    request = RequestFactory().get("/")
+    with caplog.at_level("WARNING", logger="django.request"):
+        log_response("Service Unavailable: /", response=HttpResponse(status=503), request=request)
+        assert len(caplog.records) == 1  # what it does unmarked
+        marked = HttpResponse(status=503)
+        internals.response_logged(marked)
+        log_response("Service Unavailable: /", response=marked, request=request)
+    assert len(caplog.records) == 1
 
 
 # --- Channels: dispatch ----------------------------------------------------------------------

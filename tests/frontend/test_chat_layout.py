@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.frontend.axe import axe_violations, format_violations
 from tests.frontend.test_chat_page import ANSWERS, ask, wait_finished
@@ -195,6 +195,55 @@ def test_the_view_stays_where_the_student_scrolled(page: Page) -> None:
 
 
 @pytest.fixture(scope="module")
+def one_seat(daphne_factory) -> LiveServer:
+    """Daphne whose engine streams one answer at a time: a second question, from anybody, is
+    refused with 503 engine_busy and Retry-After."""
+    return daphne_factory(CHATSITE_MAX_STREAMS="1", CHATSITE_PING_INTERVAL="15")
+
+
+def _asked_while_another_streams(
+    open_chat: Callable[..., Page], server: LiveServer, first_question: str
+) -> tuple[Locator, Page]:
+    """Two students on ``server``: the first is being answered ``first_question`` when the
+    second asks (its refusal shows in its status line). The first's answer and the second's
+    page."""
+    first = open_in(open_chat, DESKTOP, "zh-CN", server=server)
+    second = open_in(open_chat, DESKTOP, "zh-CN", server=server)
+    running = ask(first, first_question)
+    expect(running.locator(".body")).not_to_have_text("", timeout=5000)
+    # Not ask(): the refused question's bubbles are gone before it could look for them.
+    second.locator("#prompt").fill("[scripted tokens=3] 第二个")
+    second.locator("#prompt").press("Enter")
+    return running, second
+
+
+def _answered_once_free(running: Locator, second: Page) -> None:
+    """The second student's question is answered once the first answer is done, once."""
+    wait_finished(running)
+    answered = second.locator(ANSWERS).last
+    expect(answered.locator(".body")).to_have_text(re.compile(r"\S"), timeout=15_000)
+    wait_finished(answered)
+    expect(second.locator(ANSWERS)).to_have_count(1)
+    expect(second.locator("#messages .message.user")).to_have_count(1)
+    expect(second.locator("#status")).to_have_text("")
+
+
+def test_a_question_refused_for_a_full_engine_waits_for_a_free_seat(
+    open_chat: Callable[..., Page], one_seat: LiveServer
+) -> None:
+    """The page says it waits for a free seat, how long so far and when it asks again, asks
+    again by itself for as long as the engine is full, and is answered once a seat is free."""
+    running, second = _asked_while_another_streams(
+        open_chat, one_seat, "[scripted tokens=150 itl_ms=30] 第一个"
+    )
+    status = second.locator("#status")
+    expect(status).to_have_text(re.compile(r"正在等待空位（已等 0 秒），\d+ 秒后自动重新提问"))
+    # Refused again after its first wait: the time counts on from the first refusal.
+    expect(status).to_have_text(re.compile(r"已等 [2-9] 秒"), timeout=10_000)
+    _answered_once_free(running, second)
+
+
+@pytest.fixture(scope="module")
 def one_stream_per_address(daphne_factory) -> LiveServer:
     """Daphne allowing one answer at a time per client address (every test browser is
     127.0.0.1), so a second question is refused with 429 and Retry-After."""
@@ -206,19 +255,9 @@ def test_a_refused_question_waits_for_retry_after_and_asks_again(
 ) -> None:
     """A question refused with 429 and Retry-After shows the server's reason and a countdown,
     then is asked again by itself, and answered once the other answer is done."""
-    first = open_in(open_chat, DESKTOP, "zh-CN", server=one_stream_per_address)
-    second = open_in(open_chat, DESKTOP, "zh-CN", server=one_stream_per_address)
-    running = ask(first, "[scripted tokens=100 itl_ms=20] 第一个")
-    expect(running.locator(".body")).not_to_have_text("", timeout=5000)
-    # Not ask(): the refused question's bubbles are gone before it could look for them.
-    second.locator("#prompt").fill("[scripted tokens=3] 第二个")
-    second.locator("#prompt").press("Enter")
+    running, second = _asked_while_another_streams(
+        open_chat, one_stream_per_address, "[scripted tokens=100 itl_ms=20] 第一个"
+    )
     status = second.locator("#status")
     expect(status).to_have_text(re.compile(r"你所在网络同时在接收的回答太多.*\d+ 秒后自动重新提问"))
-    wait_finished(running)
-    answered = second.locator(ANSWERS).last
-    expect(answered.locator(".body")).to_have_text(re.compile(r"\S"), timeout=15_000)
-    wait_finished(answered)
-    expect(second.locator(ANSWERS)).to_have_count(1)
-    expect(second.locator("#messages .message.user")).to_have_count(1)
-    expect(status).to_have_text("")
+    _answered_once_free(running, second)

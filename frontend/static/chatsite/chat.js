@@ -33,6 +33,7 @@ let current = null; // the stream in flight
 let timer = null; // its measurements, reported when it ends (or the tab closes)
 let lastAsk = null; // {question, replaces} of the last question sent, for Retry
 let countdown = null; // a refused question waiting for its Retry-After: {timer}
+let waitingSince = null; // when the question now waiting for a seat was first refused (ms)
 // The bubbles an edited or repeated question replaces: hidden until the server has the new
 // question (its `meta`), shown again if it never gets it.
 let replacing = [];
@@ -284,7 +285,9 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
     // Refused for now (a full engine, a busy network): wait as the server asks, then ask again.
     asked.remove();
     answer.remove();
-    waitAndAsk(question, replaces, result.message || t("somethingWrong"), result.retryAfter);
+    if (waitingSince === null) waitingSince = Date.now();
+    const message = result.message || t("somethingWrong");
+    waitAndAsk(question, replaces, message, result.retryAfter, result.status);
     return;
   } else if (replacing.length) {
     // An edit or Ask again the server refused: the conversation stays as it was.
@@ -298,6 +301,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
     setStatus(failureMessage(result), "error");
     els.retry.hidden = false;
   }
+  waitingSince = null;
   refreshActions();
   history.refresh(conversationId);
 }
@@ -318,7 +322,9 @@ const CLIENT_OUTCOME = { done: "ok", error: "error", stopped: "stopped", timeout
 const RETRIED_STATUSES = new Set([429, 503]);
 const MAX_WAIT_S = 120;
 
-function waitAndAsk(question, replaces, message, seconds) {
+// A 503 (a full engine, a busy site) is a wait for a free seat: the line says how long the
+// question has waited so far, whatever number of refusals that took.
+function waitAndAsk(question, replaces, message, seconds, status) {
   let left = Math.min(Math.max(1, Math.ceil(seconds)), MAX_WAIT_S);
   lastAsk = { question, replaces };
   els.send.disabled = true;
@@ -329,7 +335,9 @@ function waitAndAsk(question, replaces, message, seconds) {
       ask(question, { replaces });
       return;
     }
-    setStatus(t("retryingIn", { message, s: left }), "error");
+    const waited = Math.round((Date.now() - waitingSince) / 1000);
+    const line = status === 503 ? t("seatWait", { waited, s: left }) : t("retryingIn", { message, s: left });
+    setStatus(line, "error");
     left -= 1;
     countdown.timer = setTimeout(tick, 1000);
   };
@@ -341,6 +349,7 @@ function cancelCountdown() {
   if (!countdown) return false;
   clearTimeout(countdown.timer);
   countdown = null;
+  waitingSince = null;
   restoreReplaced();
   busy(false);
   setStatus(t("stopped"));
