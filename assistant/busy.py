@@ -9,6 +9,7 @@ answers with.
 
 import sys
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -23,8 +24,10 @@ DATABASE_RETRY_S = (2, 6)
 
 
 def wants_page(request: HttpRequest) -> bool:
-    """A browser's navigation (it takes HTML) rather than a fetch or a script."""
-    return request.method in ("GET", "HEAD") and "text/html" in request.headers.get("Accept", "")
+    """A browser's navigation, a form's POST included (it takes HTML), rather than a fetch or
+    a script."""
+    headers = request.headers
+    return headers.get("Sec-Fetch-Mode") == "navigate" or "text/html" in headers.get("Accept", "")
 
 
 def busy_page(request: HttpRequest, refused: Rejected) -> HttpResponse:
@@ -34,6 +37,8 @@ def busy_page(request: HttpRequest, refused: Rejected) -> HttpResponse:
     response = render(request, "assistant/busy.html", context, status=refused.error.status)
     response.headers["Retry-After"] = str(refused.retry_after)
     response.headers["Cache-Control"] = "no-store"
+    # Refused ahead of XFrameOptionsMiddleware (the page line): its header all the same.
+    response.headers.setdefault("X-Frame-Options", settings.X_FRAME_OPTIONS)
     return response
 
 

@@ -7,6 +7,7 @@ a worker thread; everything else goes straight on. (Django's own ``MiddlewareMix
 cost their hops under ASGI: see docs/serving.md.)
 """
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from assistant import internals
 from assistant.busy import busy_response
-from assistant.services.page_line import page_line, site_busy
+from assistant.services.page_line import PageLine, page_line, site_busy
 
 type GetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
 
@@ -81,7 +82,18 @@ class PageLineMiddleware:
             response = busy_response(request, site_busy())
             internals.response_logged(response)
             return response
-        try:
-            return await self.get_response(request)
-        finally:
-            line.leave()
+        # The turn ends when the request's work does, not when its client leaves: a request
+        # cancelled by a disconnect leaves its synchronous part running on its thread (asgiref
+        # does not wait for it), holding its database connection until it returns.
+        work = asyncio.ensure_future(self.get_response(request))
+        work.add_done_callback(_turn_end(line))
+        return await asyncio.shield(work)
+
+
+def _turn_end(line: PageLine) -> Callable[["asyncio.Future[HttpResponseBase]"], None]:
+    def end(work: "asyncio.Future[HttpResponseBase]") -> None:
+        line.leave()
+        if not work.cancelled():
+            work.exception()  # retrieved: a request whose client left has nobody to raise to
+
+    return end

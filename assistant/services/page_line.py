@@ -9,8 +9,10 @@ connections, and after CHATSITE_DB_POOL_TIMEOUT most would fail.
 So a worker runs at most ``AT_ONCE`` of them (``CHATSITE_PAGES_AT_ONCE``); the others wait their
 turn, first come first served, for up to ``WAIT_S`` (``CHATSITE_PAGES_WAIT_S``). One still
 waiting then is refused, 503 ``site_busy``, with a Retry-After spread over a few seconds, so
-that those refused together do not all come back together. The chat stream does not pass here
-(its consumer reads the database on threads of its own, assistant/db.py), nor do the probes.
+that those refused together do not all come back together. The chat stream's own consumer does
+not pass here (it reads the database on threads of its own, assistant/db.py), nor do the health
+probes; the Django serving path's stream (``/api/chat/stream/django``) does, as a Django view.
+A turn ends when the request's work does, even when its client left before (the middleware).
 """
 
 import asyncio

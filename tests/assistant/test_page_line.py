@@ -11,7 +11,7 @@ from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 
-from assistant.busy import server_error
+from assistant.busy import server_error, wants_page
 from assistant.middleware import PageLineMiddleware
 from assistant.services.page_line import RETRY_S, PageLine, page_line
 
@@ -91,6 +91,7 @@ async def test_a_page_load_that_waits_too_long_gets_the_busy_page(through_line) 
     assert f'<meta http-equiv="refresh" content="{wait}">' in page
     assert "Many students are opening the site at once" in page
     assert getattr(response, "_has_been_logged", False)  # counted, not logged as an error
+    assert response["X-Frame-Options"] == "DENY"
 
 
 async def test_a_fetch_that_waits_too_long_gets_json_in_its_language(through_line) -> None:
@@ -120,6 +121,29 @@ async def test_a_page_load_waits_its_turn_and_is_served(settings) -> None:
     assert (line.running, line.waiting) == (0, 0)
 
 
+async def test_a_turn_ends_when_the_work_does_not_when_its_client_leaves(settings) -> None:
+    """A disconnect cancels the request; its synchronous part runs on (asgiref does not wait
+    for its thread), so its turn is held until the work returns."""
+    settings.CHATSITE_PAGES = {"AT_ONCE": 1, "WAIT_S": 30}
+    line = page_line()
+    assert line is not None
+    returned = asyncio.Event()
+
+    async def work(request: HttpRequest) -> HttpResponse:
+        await returned.wait()
+        return HttpResponse("too late")
+
+    request = asyncio.ensure_future(PageLineMiddleware(work)(RequestFactory().get("/")))
+    await asyncio.sleep(0.01)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert line.running == 1
+    returned.set()
+    await asyncio.sleep(0.01)
+    assert line.running == 0
+
+
 async def test_the_metrics_scrape_never_waits(through_line) -> None:
     response = await through_line("/metrics")
     assert response.content == b"served"
@@ -132,6 +156,13 @@ def test_no_line_when_at_once_is_zero(settings) -> None:
         return page_line()
 
     assert asyncio.run(which()) is None
+
+
+def test_a_form_post_is_a_navigation_too() -> None:
+    posted = RequestFactory().post("/c/", headers={"accept": NAVIGATION})
+    assert wants_page(posted)
+    fetched = RequestFactory().post("/api/chat/stream", headers={"accept": "text/event-stream"})
+    assert not wants_page(fetched)
 
 
 @pytest.mark.parametrize("accept", [NAVIGATION, "*/*"])

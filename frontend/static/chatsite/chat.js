@@ -249,6 +249,7 @@ async function ask(question, { renewed = false, replaces = null } = {}) {
       return ask(question, { renewed: true });
     }
     busy(false);
+    waitingSince = null;
     bubble("user", question);
     setStatus(refused.message || t("reloadToGoOn"), "error");
     els.retry.hidden = false;
