@@ -88,8 +88,8 @@ def output_dir() -> Path:
     return OUTPUT
 
 
-@pytest.fixture(scope="session")
-def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -> Iterator:
+def _daphne_starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Start Daphne workers on the tests' database; each is stopped when the fixture ends."""
     from django.db import connection
 
     servers: list[LiveServer] = []
@@ -105,10 +105,21 @@ def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -> Iterator:
+    """Start workers for this module; they stop when it ends. On PostgreSQL each running
+    worker keeps up to CHATSITE_DB_POOL_SIZE connections open and the server allows 100 in
+    all, so a whole run's workers must not all live until its end."""
+    yield from _daphne_starter(tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
-def daphne(daphne_factory) -> LiveServer:
+def daphne(django_db_setup: None, django_db_blocker, tmp_path_factory) -> Iterator[LiveServer]:
     """Daphne with the scripted engine (50 ms to the first token, 20 ms between tokens)."""
-    return daphne_factory(CHATSITE_PING_INTERVAL="15")
+    starter = _daphne_starter(tmp_path_factory)
+    start = next(starter)
+    yield start(CHATSITE_PING_INTERVAL="15")
+    next(starter, None)  # stops it
 
 
 @pytest.fixture(scope="module")
