@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from assistant import http
+from assistant.busy import busy_page
 from assistant.errors import Rejected
 from assistant.services.classrooms import (
     CLASS_COOKIE,
@@ -35,16 +35,6 @@ def class_cookie_set(response: HttpResponse, classroom_id: uuid.UUID | None) -> 
         httponly=True,
         samesite="Lax",
     )
-
-
-def busy_page(request: HttpRequest, refused: Rejected) -> HttpResponse:
-    """A page refused for a while (429 with Retry-After): the reason, and a page that tries
-    again by itself (the chat page's and the join page's)."""
-    http.refusal(refused.error)
-    context = {"message": refused.error.message, "retry_after": refused.retry_after}
-    response = render(request, "assistant/busy.html", context, status=refused.error.status)
-    response.headers["Retry-After"] = str(refused.retry_after)
-    return response
 
 
 @require_http_methods(["GET", "POST"])

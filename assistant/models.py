@@ -218,6 +218,25 @@ class StreamRecord(models.Model):
         return f"{self.request_id} {self.path} {self.outcome}"
 
 
+class TrafficSum(models.Model):
+    """One minute's or one hour's stream records, summed up per path for the dashboard's long
+    windows (``services/traffic_sums.py``): {path: {requests, errors, abandoned, buffered,
+    buffered_checked, server and client TTFT fine-bin counts, slowest (TTFT, pk)}}. A span
+    without records is stored too ({}), so that it is never summed up again."""
+
+    start = models.DateTimeField(help_text="The span's start (UTC).")
+    span_s = models.PositiveIntegerField(help_text="60 or 3600.")
+    paths = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["span_s", "start"], name="traffic_sum_one_per_span")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M} +{self.span_s}s ({len(self.paths)} paths)"
+
+
 class ApiKey(models.Model):
     """A bearer key for the OpenAI-compatible API (``/v1/``): created by an admin (for the
     site, or for a class) or by a teacher for their class, shown once, stored only as a hash

@@ -14,7 +14,8 @@ from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, selectors
-from assistant.class_views import busy_page, class_cookie_set
+from assistant.busy import busy_page
+from assistant.class_views import class_cookie_set
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.forms import login_answer

@@ -19,6 +19,7 @@ from assistant import errors, metrics
 from assistant.errors import Rejected
 from assistant.models import StreamRecord
 from assistant.services.chat_request import request_id_valid
+from assistant.services.traffic_sums import client_ttft_ms, spans_invalidate
 
 #: What the page may report about how a request ended.
 CLIENT_OUTCOMES = {"ok", "error", "stopped", "timeout", "abandoned"}
@@ -52,16 +53,6 @@ class Beacon:
             client_ttft_ms(ttft_ms=self.ttft_ms, waited_ms=self.waited_ms, done_ms=self.done_ms)
             / 1000
         )
-
-
-def client_ttft_ms(
-    *, ttft_ms: float | None, waited_ms: float | None, done_ms: float | None
-) -> float:
-    """The browser's TTFT (ms): its first token, or, when none came, at least the time waited,
-    so that percentiles are not biased toward the requests that survived."""
-    if ttft_ms is not None:
-        return ttft_ms
-    return waited_ms or done_ms or 0.0
 
 
 def _number(payload: dict[str, Any], name: str) -> float | None:
@@ -190,6 +181,7 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
         )
         record.client_reported_at = timezone.now()
         record.save(update_fields=list(_RECORD_FIELDS))
+        spans_invalidate([record.created_at], now=record.client_reported_at)
     metrics.TTFT.labels(record.path, record.engine, "client").observe(beacon.client_ttft)
     return record
 

@@ -13,8 +13,8 @@ from datetime import datetime
 from django.db.models import Q
 
 from assistant.models import Classroom, Message, StreamRecord
-from assistant.services.beacons import client_ttft_ms
 from assistant.services.class_figures import nicknames, student_pseudonym
+from assistant.services.traffic_sums import client_ttft_ms
 
 CSV_COLUMNS = (
     "time", "student", "request_id", "serving_path", "engine", "outcome", "error_code",

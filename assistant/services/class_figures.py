@@ -14,9 +14,9 @@ from typing import Any
 from django.utils import timezone
 
 from assistant.models import ClassMember, Classroom, Message, StreamRecord
-from assistant.services.beacons import client_ttft_ms
 from assistant.services.class_live import live_read
-from assistant.services.dashboard import REPORTED, PathWindow, ttft_summary
+from assistant.services.dashboard import ttft_summary
+from assistant.services.traffic_sums import REPORTED, PathWindow, client_ttft_ms
 
 #: A student counts as active now when they asked in this many seconds, or have an answer
 #: streaming.

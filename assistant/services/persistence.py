@@ -31,6 +31,7 @@ from django.utils import timezone
 from assistant import metrics
 from assistant.db import run_db_write
 from assistant.models import Classroom, Conversation, Message, StreamRecord
+from assistant.services.traffic_sums import spans_invalidate
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ def rows_write(batch: list[Rows]) -> None:
             conversations_touch(touch)
         if records:
             insert_many(StreamRecord, records)
+            spans_invalidate((r.created_at for r in records), now=timezone.now())
 
 
 class GroupWriter:

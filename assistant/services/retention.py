@@ -3,8 +3,9 @@
 ``manage.py prune`` calls ``records_prune`` (deploy/systemd/chatsite-prune.timer runs it daily).
 Stream records and breaker events older than ``CHATSITE_RECORDS_KEEP_DAYS`` are deleted in
 batches, each its own short transaction, so a year of records never holds a lock for long while
-students are answered; expired sessions go through their backend's ``clear_expired``. The
-students' conversations are theirs, and are kept.
+students are answered; the dashboard's sums of them (``TrafficSum``) go too, with the span the
+cut-off falls in. Expired sessions go through their backend's ``clear_expired``. The students'
+conversations are theirs, and are kept.
 """
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from assistant.models import BreakerEvent, StreamRecord
+from assistant.models import BreakerEvent, StreamRecord, TrafficSum
 
 BATCH = 5000
 
@@ -55,6 +56,9 @@ def records_prune(*, days: int | None = None, dry_run: bool = False, batch: int 
     if keep > 0:  # 0 (or less): keep every record, as 0 turns other limits off
         records = _old_rows_delete(StreamRecord, before=before, dry_run=dry_run, batch=batch)
         events = _old_rows_delete(BreakerEvent, before=before, dry_run=dry_run, batch=batch)
+        if not dry_run:
+            # The dashboard's sums of those records: one statement.
+            TrafficSum.objects.filter(start__lt=before).delete()
     if not dry_run:
         import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
     return Pruned(

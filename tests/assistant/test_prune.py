@@ -13,7 +13,7 @@ from django.contrib.sessions.models import Session
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from assistant.models import BreakerEvent, Conversation, ServingState, StreamRecord
+from assistant.models import BreakerEvent, Conversation, ServingState, StreamRecord, TrafficSum
 from assistant.services.retention import records_prune
 
 pytestmark = pytest.mark.django_db
@@ -82,6 +82,17 @@ def test_older_than_the_retention_goes(history: dict[str, Any]) -> None:
     sessions = set(Session.objects.values_list("session_key", flat=True))
     assert history["live"] in sessions and history["expired"] not in sessions
     assert Conversation.objects.filter(pk=history["conversation"]).exists()
+
+
+def test_the_dashboards_sums_go_with_their_records() -> None:
+    """Sums of the dashboard's minutes and hours older than the retention go with the records
+    they sum up; newer ones stay."""
+    for days in (91, 89):
+        start = (timezone.now() - timedelta(days=days)).replace(second=0, microsecond=0)
+        TrafficSum.objects.create(start=start, span_s=60, paths={})
+    run("--days", "90")
+    assert TrafficSum.objects.count() == 1
+    assert TrafficSum.objects.get().start > timezone.now() - timedelta(days=90)
 
 
 def test_a_dry_run_counts_and_deletes_nothing(history: dict[str, Any]) -> None:

@@ -39,12 +39,14 @@ VLLM = "vllm.service"
 MODEL = "chatsite-model.service"
 PRUNE = "chatsite-prune.service"
 PRUNE_TIMER = "chatsite-prune.timer"
+SUMS = "chatsite-traffic-sum.service"
+SUMS_TIMER = "chatsite-traffic-sum.timer"
 # What verify loads: every shipped unit, the template as the two instances nginx proxies to.
 VERIFIED = (
     TARGET, "chatsite@8001.service", "chatsite@8002.service", MIGRATE, METRICS_DIR, MODEL, VLLM,
-    PRUNE, PRUNE_TIMER,
+    PRUNE, PRUNE_TIMER, SUMS, SUMS_TIMER,
 )  # fmt: skip
-CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL, PRUNE)
+CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL, PRUNE, SUMS)
 
 # The example install's executables, and what a rendering runs instead (each must occur).
 EXAMPLE_EXECUTABLES = {
@@ -365,6 +367,18 @@ def test_oneshots_run_once_per_group_before_the_workers() -> None:
     assert not values(worker, "Service", "ExecStartPre")
 
 
+def _timed_oneshot(service: Unit, name: str, argv: list[str]) -> None:
+    """A timer's oneshot: ``argv`` with the workers' environment file, in their sandbox, below
+    them; not RemainAfterExit, so that the timer can start it again."""
+    assert value(service, "Service", "Type") == "oneshot"
+    assert not values(service, "Service", "RemainAfterExit")
+    assert exec_argv(service)[1:] == argv
+    assert value(service, "Service", "EnvironmentFile") == "/etc/chatsite/env"
+    assert int(value(service, "Service", "Nice")) > 0
+    for key, expected in SANDBOX.items():
+        assert value(service, "Service", key) == expected, f"{name}: {key}"
+
+
 def test_pruning_runs_nightly_with_the_workers_environment(systemd_analyze: str) -> None:
     """chatsite-prune.timer starts the prune oneshot every night (a night missed while the host
     was down at the next boot); the service runs ``manage.py prune`` with the workers'
@@ -376,14 +390,24 @@ def test_pruning_runs_nightly_with_the_workers_environment(systemd_analyze: str)
     calendar = analyze(systemd_analyze, ROOT, "calendar", value(timer, "Timer", "OnCalendar"))
     assert calendar.returncode == 0, calendar.stderr
     assert re.search(r"Next elapse: .* 03:30:00", calendar.stdout), calendar.stdout
-    assert value(service, "Service", "Type") == "oneshot"
-    # Not RemainAfterExit: the timer must be able to start it again the next night.
-    assert not values(service, "Service", "RemainAfterExit")
-    assert exec_argv(service)[1:] == ["manage.py", "prune"]
-    assert value(service, "Service", "EnvironmentFile") == "/etc/chatsite/env"
-    assert int(value(service, "Service", "Nice")) > 0
-    for key, expected in SANDBOX.items():
-        assert value(service, "Service", key) == expected, f"{PRUNE}: {key}"
+    _timed_oneshot(service, PRUNE, ["manage.py", "prune"])
+
+
+def test_the_dashboards_sums_are_kept_up_every_five_minutes(systemd_analyze: str) -> None:
+    """chatsite-traffic-sum.timer starts its oneshot every five minutes; the service runs
+    ``manage.py traffic_sum`` with the workers' environment, in the same sandbox, below them."""
+    timer, service = unit(SUMS_TIMER), unit(SUMS)
+    assert value(timer, "Timer", "Unit") == SUMS
+    assert "timers.target" in words(timer, "Install", "WantedBy")
+    calendar = analyze(
+        systemd_analyze, ROOT, "calendar", "--iterations=3", value(timer, "Timer", "OnCalendar")
+    )
+    assert calendar.returncode == 0, calendar.stderr
+    elapses = re.findall(r"\d\d:(\d\d):00", calendar.stdout)
+    minutes = [int(m) for m in elapses]
+    assert len(minutes) >= 3 and all(m % 5 == 0 for m in minutes), calendar.stdout
+    assert len(set(minutes)) == len(minutes), calendar.stdout
+    _timed_oneshot(service, SUMS, ["manage.py", "traffic_sum"])
 
 
 def test_metrics_directory_is_shared_and_owned_by_the_oneshot() -> None:

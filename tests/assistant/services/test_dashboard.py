@@ -258,10 +258,11 @@ def test_buffered_counts_only_the_streams_that_could_be_judged() -> None:
     assert (cand["buffered"], cand["buffered_checked"]) == (2, 5)
 
 
-def test_an_empty_window_is_all_nulls_in_three_queries(django_assert_num_queries) -> None:
-    """One query per path (the two compared, and the API's); nothing more without records."""
+def test_an_empty_window_is_all_nulls_in_one_query(django_assert_num_queries) -> None:
+    """One query for the three paths (the two compared, and the API's); nothing more without
+    records."""
     store(record(BASE, server_ttft_ms=120.0, ago_s=400))
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(1):
         result = snapshot()
 
     for path, role in ((BASE, "baseline"), (CAND, "candidate"), ("api", "api")):
@@ -281,7 +282,8 @@ def test_an_empty_window_is_all_nulls_in_three_queries(django_assert_num_queries
         }
     assert result["ratio"] == {"server_p95": None, "client_p95": None, "error_rate_points": None}
     assert result["slowest"] == []
-    assert set(result) == {"paths", "ratio", "histogram", "slowest"}
+    assert set(result) == {"paths", "ratio", "histogram", "percentiles", "slowest"}
+    assert result["percentiles"] == "exact"
 
 
 def test_a_zero_baseline_p95_gives_no_ratio() -> None:
@@ -290,8 +292,8 @@ def test_a_zero_baseline_p95_gives_no_ratio() -> None:
     assert snapshot()["ratio"]["server_p95"] is None
 
 
-def test_a_busy_window_takes_six_queries(django_assert_num_queries) -> None:
-    """Per path with records: its window and its latest engine; the API's, empty: one."""
+def test_a_busy_window_takes_four_queries(django_assert_num_queries) -> None:
+    """The three paths' records; per path with records its latest engine; the slowest."""
     store(
         *(
             record(BASE, server_ttft_ms=float(i), **reported(client_ttft_ms=i + 9.0))
@@ -299,7 +301,7 @@ def test_a_busy_window_takes_six_queries(django_assert_num_queries) -> None:
         )
     )
     store(*(record(CAND, server_ttft_ms=float(i)) for i in range(50)))
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(4):
         result = snapshot(slowest=3)
 
     assert [r["client"]["ttft"] for r in result["slowest"]] == [58.0, 57.0, 56.0]
