@@ -10,13 +10,16 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect
 
 from assistant import errors
+from assistant.models import StreamRecord
 from tests.frontend.axe import axe_violations, format_violations
 from tests.frontend.test_chat_page import ask, wait_finished
 from tests.support import ChatClient, LiveServer, ModelHost, from_db
@@ -328,6 +331,35 @@ def test_a_chinese_browser_gets_the_dashboard_in_chinese(
         violations = axe_violations(page)
         assert not violations, format_violations(violations)
         page.screenshot(path=output_dir / "dashboard-zh.png", full_page=True)
+
+
+def test_a_longer_window_says_its_percentiles_come_from_sums(dashboard: Page) -> None:
+    """Streams from half an hour ago are counted in the 1 h window from their minute's sums:
+    each card says its percentiles are within a bin of the exact ones; the 5 m window, read
+    record by record, says nothing of the kind."""
+
+    def store() -> None:
+        at = timezone.now() - timedelta(minutes=30)
+        StreamRecord.objects.bulk_create(
+            StreamRecord(
+                request_id=uuid.uuid4().hex, created_at=at, owner_key="session:earlier",
+                path="direct", engine="scripted", outcome="ok", server_ttft_ms=ms,
+            )
+            for ms in (40.0, 60.0, 80.0)
+        )  # fmt: skip
+
+    from_db(store)
+    note = dashboard.locator("#path-direct .ttft-note")
+    expect(note).to_be_hidden()
+    dashboard.locator("#window-1h").click()
+    expect(dashboard.locator("#path-direct")).to_have_attribute("data-percentiles", "binned")
+    expect(note).to_be_visible()
+    expect(note).to_have_text(re.compile(r"^Percentiles from per-minute and per-hour sums"))
+    server_p50 = dashboard.locator("#path-direct [data-stat=server_p50]")
+    expect(server_p50).to_have_text(re.compile(r"^6[01](\.\d)? ms$"))
+    dashboard.locator("#window-5m").click()
+    expect(dashboard.locator("#path-direct")).to_have_attribute("data-percentiles", "exact")
+    expect(note).to_be_hidden()
 
 
 def test_a_viewer_no_longer_staff_is_told_and_the_page_stops_asking(

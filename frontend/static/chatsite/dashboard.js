@@ -73,7 +73,7 @@ function draw(snapshot) {
   const range = binRange(snapshot.histogram);
   for (const name of names) {
     const stats = snapshot.paths[name] || {};
-    drawPath(name, stats);
+    drawPath(name, stats, snapshot.percentiles);
     drawHistogram(name, stats, snapshot.histogram, range);
   }
   drawRatio(snapshot);

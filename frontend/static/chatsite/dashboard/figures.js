@@ -114,19 +114,23 @@ function buildCard(name) {
     }
     tbody.append(row);
   }
-  table.append(thead, tbody);
+  // Said only when the window's percentiles come from sums (services/traffic_sums.py).
+  const caption = el("caption", "ttft-note");
+  caption.hidden = true;
+  table.append(caption, thead, tbody);
   root.append(title, kpis, table);
   els.paths.append(root);
 
   const stats = {};
   for (const cell of root.querySelectorAll("[data-stat]")) stats[cell.dataset.stat] = cell;
-  const card = { root, stats, role, engine };
+  const card = { root, stats, role, engine, caption };
   cards.set(name, card);
   return card;
 }
 
-// Draw one path's card, building it the first time.
-export function drawPath(name, stats) {
+// Draw one path's card, building it the first time; `percentiles` is the snapshot's ("exact",
+// or "binned": taken from sums a minute and an hour long, within a 1.8 % bin).
+export function drawPath(name, stats, percentiles) {
   const card = cards.get(name) || buildCard(name);
   card.root.dataset.role = stats.role || "";
   setText(card.role, ROLE_TEXT[stats.role] || stats.role || "");
@@ -146,6 +150,10 @@ export function drawPath(name, stats) {
     setText(s[`${side}_p99`], fmtMs(q.p99));
     setText(s[`${side}_count`], fmtCount(q.count));
   }
+  const binned = percentiles === "binned";
+  card.caption.hidden = !binned;
+  setText(card.caption, binned ? t("percentilesBinned") : "");
+  card.root.dataset.percentiles = percentiles || "";
 }
 
 // Remove every card, for when the set of paths changes.
