@@ -1,0 +1,202 @@
+"""Capacity: how many students streaming at once one server keeps up with.
+
+Each student asks in a closed loop (a new connection per question, the next question as soon as
+the answer ends), so that ``students`` answers are always streaming. The engine writes a token
+every ``itl_ms``; what the stack adds to that gap is the *added inter-token latency*:
+
+    added ITL = (time between two token frames as the client reads them) - itl_ms
+
+A level passes when no answer failed and the P99 of the added ITL is within the limit (50 ms by
+default). The client is cheap on purpose: one timestamp per read from the socket and a count of
+``event: token`` markers in it, no event parsing, so that the load generator's own CPU stays
+well below the server's (the benchmark reports both).
+"""
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .stats import percentile
+
+TOKEN = b"event: token"
+DONE = b"event: done"
+ERROR = b"event: error"
+
+
+@dataclass(slots=True)
+class Answer:
+    """One question's answer as the client read it; times are ``perf_counter`` seconds."""
+
+    sent: float
+    ttft_s: float | None = None
+    #: Seconds between consecutive token frames (frames read together count as 0 apart).
+    gaps_s: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+class Markers:
+    """The token, done and error markers in a stream read piece by piece: a marker split
+    between two reads is counted once, when its last byte arrives."""
+
+    __slots__ = ("tail",)
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def feed(self, data: bytes) -> tuple[int, bool, bool]:
+        """Tokens completed by ``data``, and whether the done or the error event began."""
+        joined = self.tail + data
+        tokens, done, error = (joined.count(m) - self.tail.count(m) for m in (TOKEN, DONE, ERROR))
+        self.tail = joined[-len(TOKEN) :]
+        return tokens, done > 0, error > 0
+
+
+async def answer(port: int, request: bytes, *, timeout_s: float = 30) -> Answer:
+    """Send ``request`` on a new loopback connection and read the answer to its end."""
+    result = Answer(sent=time.perf_counter())
+    writer = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            result.sent = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+                result.error = head.split(b"\r\n", 1)[0].decode(errors="replace")
+                return result
+            markers, last, done = Markers(), 0.0, False
+            while not done and (data := await reader.read(65536)):
+                now = time.perf_counter()
+                tokens, done, failed = markers.feed(data)
+                if failed:
+                    result.error = "event: error"
+                    return result
+                for _ in range(tokens):
+                    if result.ttft_s is None:
+                        result.ttft_s = now - result.sent
+                    else:
+                        result.gaps_s.append(now - last)
+                    last = now
+                    result.tokens += 1
+            if not done:
+                result.error = "ended before event: done"
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
+        result.error = type(error).__name__
+    finally:
+        if writer is not None:
+            writer.close()
+    return result
+
+
+async def crowd(
+    port: int, request: bytes, students: int, *, warmup_s: float, measure_s: float
+) -> tuple[list[Answer], float]:
+    """``students`` students asking in a closed loop; the answers asked for during the
+    ``measure_s`` seconds after ``warmup_s`` (those started earlier or later are left out), and
+    the client's own CPU seconds over the run. The students start spread over the first second
+    of the warm-up, not all in the same instant."""
+    start = time.perf_counter()
+    begin, end = start + warmup_s, start + warmup_s + measure_s
+    kept: list[Answer] = []
+    cpu_before = sum(os.times()[:2])
+
+    async def student(i: int) -> None:
+        await asyncio.sleep(i / students)
+        while time.perf_counter() < end:
+            one = await answer(port, request)
+            if begin <= one.sent < end:
+                kept.append(one)
+            if one.error:
+                await asyncio.sleep(0.1)  # not a hot loop against a refusing server
+
+    await asyncio.gather(*(student(i) for i in range(students)))
+    return kept, sum(os.times()[:2]) - cpu_before
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level's figures (milliseconds; CPU as a share of one core over the level's run)."""
+
+    students: int
+    answers: int
+    errors: int
+    tokens_per_s: float
+    added_ttft_p50: float | None
+    added_ttft_p99: float | None
+    added_itl_p50: float | None
+    added_itl_p99: float | None
+    added_itl_max: float | None
+    server_cpu: float
+    client_cpu: float
+    first_error: str | None = None
+
+    def passes(self, itl_limit_ms: float) -> bool:
+        return (
+            self.answers > 0
+            and self.errors == 0
+            and self.added_itl_p99 is not None
+            and self.added_itl_p99 <= itl_limit_ms
+        )
+
+
+def _ms(values: list[float], q: float, less_ms: float) -> float | None:
+    return round(percentile(values, q) * 1000 - less_ms, 1) if values else None
+
+
+def level_figures(
+    students: int,
+    answers: Iterable[Answer],
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    measure_s: float,
+    server_cpu_s: float,
+    client_cpu_s: float,
+    wall_s: float,
+) -> Level:
+    """Reduce a level's answers to its figures; the added latencies take the engine's own
+    first-token delay and token gap off what the client saw."""
+    answers = list(answers)
+    failed = [a for a in answers if a.error]
+    ok = [a for a in answers if not a.error]
+    ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
+    gaps = [gap for a in ok for gap in a.gaps_s]
+    return Level(
+        students=students,
+        answers=len(answers),
+        errors=len(failed),
+        tokens_per_s=round(sum(a.tokens for a in ok) / measure_s, 1),
+        added_ttft_p50=_ms(ttfts, 50, ttft_ms),
+        added_ttft_p99=_ms(ttfts, 99, ttft_ms),
+        added_itl_p50=_ms(gaps, 50, itl_ms),
+        added_itl_p99=_ms(gaps, 99, itl_ms),
+        added_itl_max=round(max(gaps) * 1000 - itl_ms, 1) if gaps else None,
+        server_cpu=round(server_cpu_s / wall_s, 3),
+        client_cpu=round(client_cpu_s / wall_s, 3),
+        first_error=failed[0].error if failed else None,
+    )
+
+
+def next_level(
+    passed: Iterable[int], failed: Iterable[int], *, start: int, most: int, resolution: float
+) -> int | None:
+    """The next number of students to try, or None when the search is over: doubling from
+    ``start`` until a level fails (or ``most`` passes), then halving the interval between the
+    largest pass and the smallest failure until it is within ``resolution`` (a fraction) of
+    the pass."""
+    passed, failed = sorted(passed), sorted(failed)
+    low = passed[-1] if passed else 0
+    high = failed[0] if failed else None
+    if high is None:
+        if not passed:
+            return start
+        return None if low >= most else min(low * 2, most)
+    if low == 0:
+        return None if high <= 1 else high // 2
+    if high - low <= max(1, math.ceil(low * resolution)):
+        return None
+    return (low + high) // 2

@@ -1,0 +1,206 @@
+"""Capacity: the most students one server process keeps streaming at 20 tokens a second each
+with a P99 added inter-token latency of at most 50 ms and no failed answer.
+
+The servers, one at a time, each on loopback (as in benchmarks/added_latency.py):
+
+* ``bare``: a minimal asyncio server writing the same frames (the floor);
+* ``uvicorn``: uvicorn + sse-starlette, with uvloop and httptools when installed
+  (``uvicorn[standard]``, as FastAPI is usually deployed: ``pip install -e ".[bench]"``);
+* ``chatsite``: one Daphne worker with chatsite's ``direct`` path on the scripted engine, with
+  the production settings except the limits meant for one client (one session asks every
+  question here): no cap on streams per session, per address or per worker.
+
+Every student asks in a closed loop, a new connection per question; the engine takes
+``--ttft-ms`` to the first token, then writes ``--tokens`` tokens ``--itl-ms`` apart. For each
+server the number of students doubles from ``--start`` until a level fails, then the interval is
+halved until it is within ``--resolution`` of the largest pass (assistant/benchmarking/capacity.py).
+
+With two or more cores the server runs on core 0 and the load generator on core 1, so neither
+takes CPU from the other; both CPU figures are printed (a share of one core).
+
+    python benchmarks/capacity.py [--servers bare uvicorn chatsite] [--start 50] [--most 3200]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from assistant.benchmarking.capacity import Level, crowd, level_figures, next_level  # noqa: E402
+from assistant.benchmarking.ports import free_port  # noqa: E402
+from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
+from benchmarks.added_latency import (  # noqa: E402
+    BARE_SERVER,
+    UVICORN_SERVER,
+    build_request,
+    cpu_seconds,
+    page_request,
+    wait_port,
+)
+from benchmarks.load import raise_open_files  # noqa: E402
+
+SERVER_CORE, CLIENT_CORE = {0}, {1}
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` (and so those it starts later) onto ``cores``."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
+def uvicorn_kind() -> str:
+    try:
+        import httptools  # noqa: F401
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "uvicorn (h11, asyncio loop)"
+    return "uvicorn[standard] (httptools, uvloop)"
+
+
+def start(
+    name: str, args: argparse.Namespace, tmp: Path
+) -> tuple[int, int, bytes, LiveServer | None, subprocess.Popen[bytes] | None]:
+    """Start server ``name``: its port, its pid, the question's request, and what to stop."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if name != "chatsite":
+        port = free_port()
+        code = BARE_SERVER if name == "bare" else UVICORN_SERVER
+        engine = [str(args.ttft_ms), str(args.tokens), str(args.itl_ms)]
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, str(port), *engine], cwd=ROOT, env=env
+        )
+        wait_port(port)
+        return (
+            port,
+            process.pid,
+            build_request(port, b'{"message": "What is photosynthesis?"}'),
+            None,
+            process,
+        )
+    db = tmp / "capacity.sqlite3"
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"],
+        cwd=ROOT,
+        env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
+        check=True,
+    )
+    server = start_daphne(
+        workdir=tmp,
+        db_path=str(db),
+        env={
+            **BENCHMARK_ENV,
+            "CHATSITE_SCRIPTED_TTFT_MS": str(args.ttft_ms),
+            "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
+            "CHATSITE_SCRIPTED_ITL_MS": str(args.itl_ms),
+            "CHATSITE_MAX_STREAMS": "0",
+            "CHATSITE_STREAMS_PER_ADDRESS": "0",
+        },
+    )
+    port, request = page_request(name, server, ROOT, env, db)
+    return port, server.process.pid, request, server, None
+
+
+def measure(port: int, pid: int, request: bytes, students: int, args: argparse.Namespace) -> Level:
+    wall = time.perf_counter()
+    server_before = cpu_seconds(pid)
+    answers, client_cpu_s = asyncio.run(
+        crowd(port, request, students, warmup_s=args.warmup_s, measure_s=args.measure_s)
+    )
+    return level_figures(
+        students,
+        answers,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        measure_s=args.measure_s,
+        server_cpu_s=cpu_seconds(pid) - server_before,
+        client_cpu_s=client_cpu_s,
+        wall_s=time.perf_counter() - wall,
+    )
+
+
+def show(name: str, level: Level, limit_ms: float) -> None:
+    verdict = "pass" if level.passes(limit_ms) else "FAIL"
+    print(
+        f"{name:8s} {level.students:5d} students  {level.answers:5d} answers"
+        f" {level.errors:4d} failed  {level.tokens_per_s:8.0f} tokens/s"
+        f"  added TTFT p50/p99 {level.added_ttft_p50}/{level.added_ttft_p99} ms"
+        f"  added ITL p50/p99/max {level.added_itl_p50}/{level.added_itl_p99}"
+        f"/{level.added_itl_max} ms"
+        f"  CPU server {level.server_cpu:.0%} client {level.client_cpu:.0%}  {verdict}"
+        + (f"  ({level.first_error})" if level.first_error else ""),
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=["bare", "uvicorn", "chatsite"],
+        default=["bare", "uvicorn", "chatsite"],
+    )
+    parser.add_argument("--start", type=int, default=50, help="students at the first level")
+    parser.add_argument("--most", type=int, default=3200, help="students at most")
+    parser.add_argument("--resolution", type=float, default=0.1, help="of the largest pass")
+    parser.add_argument("--itl-limit-ms", type=float, default=50, help="P99 added ITL")
+    parser.add_argument("--ttft-ms", type=int, default=100)
+    parser.add_argument("--itl-ms", type=int, default=50, help="50 ms: 20 tokens a second")
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--warmup-s", type=float, default=3)
+    parser.add_argument("--measure-s", type=float, default=10)
+    parser.add_argument("--json", type=Path, help="write every level's figures here")
+    args = parser.parse_args()
+
+    raise_open_files()
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    if pinned:
+        os.sched_setaffinity(0, CLIENT_CORE)
+    print(
+        "server on core 0, load generator on core 1"
+        if pinned
+        else "server and load generator share the cores"
+    )
+    print(f"uvicorn: {uvicorn_kind()}\n", flush=True)
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.servers:
+            port, pid, request, server, process = start(name, args, Path(folder))
+            if pinned:
+                pin(pid, SERVER_CORE)
+            try:
+                asyncio.run(crowd(port, request, 5, warmup_s=0, measure_s=1))  # warm up
+                passed: list[int] = []
+                failed: list[int] = []
+                levels = results.setdefault(name, [])
+                while (
+                    students := next_level(
+                        passed, failed, start=args.start, most=args.most, resolution=args.resolution
+                    )
+                ) is not None:
+                    level = measure(port, pid, request, students, args)
+                    show(name, level, args.itl_limit_ms)
+                    (passed if level.passes(args.itl_limit_ms) else failed).append(students)
+                    levels.append(asdict(level))
+                print(f"{name}: {max(passed, default=0)} students\n", flush=True)
+            finally:
+                if server is not None:
+                    server.stop()
+                if process is not None:
+                    process.terminate()
+                    process.wait()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

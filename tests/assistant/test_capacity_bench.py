@@ -1,0 +1,130 @@
+"""The capacity benchmark's parts (assistant/benchmarking/capacity.py): its frame counting, its
+figures and its search, and its client against a real Daphne worker. The capacity itself is
+measured by benchmarks/capacity.py, not here."""
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from assistant.benchmarking.capacity import (
+    Answer,
+    Markers,
+    crowd,
+    level_figures,
+    next_level,
+)
+from assistant.sse import encode_comment, encode_json_event
+from benchmarks.added_latency import build_request
+from tests.support import ChatClient, LiveServer
+
+STREAM = (
+    encode_comment("open")
+    + b"".join(encode_json_event({"text": f" t{i}"}, event="token", id=str(i)) for i in range(7))
+    + encode_json_event({"finish_reason": "stop"}, event="done")
+)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 11, 64])
+def test_markers_split_between_reads_are_counted_once(size: int) -> None:
+    markers, tokens, done, failed = Markers(), 0, 0, 0
+    for start in range(0, len(STREAM), size):
+        more, ended, error = markers.feed(STREAM[start : start + size])
+        tokens, done, failed = tokens + more, done + ended, failed + error
+    assert (tokens, done, failed) == (7, 1, 0)
+    assert Markers().feed(encode_json_event({"code": "engine_failed"}, event="error")) == (
+        0, False, True,
+    )  # fmt: skip
+
+
+def test_figures_take_the_engines_own_delays_off() -> None:
+    ok = [Answer(sent=0.0, ttft_s=0.105, gaps_s=[0.052, 0.050, 0.0], tokens=4) for _ in range(9)]
+    slow = Answer(sent=0.0, ttft_s=0.300, gaps_s=[0.250], tokens=2)
+    failed = Answer(sent=0.0, error="HTTP/1.1 503 Service Unavailable")
+    level = level_figures(
+        10,
+        [*ok, slow],
+        ttft_ms=100,
+        itl_ms=50,
+        measure_s=2,
+        server_cpu_s=0.5,
+        client_cpu_s=0.25,
+        wall_s=1,
+    )
+    assert (level.answers, level.errors, level.tokens_per_s) == (10, 0, 19.0)
+    assert level.added_ttft_p50 == 5.0
+    assert level.added_itl_p50 == 0.0
+    assert level.added_itl_max == 200.0
+    assert (level.server_cpu, level.client_cpu) == (0.5, 0.25)
+    assert not level.passes(50)  # one gap in 28 at +200 ms puts the P99 above 50 ms
+    assert level.passes(200)
+    with_failure = level_figures(
+        10, [*ok, failed], ttft_ms=100, itl_ms=50, measure_s=2,
+        server_cpu_s=0, client_cpu_s=0, wall_s=1,
+    )  # fmt: skip
+    assert (with_failure.errors, with_failure.first_error) == (1, failed.error)
+    assert with_failure.added_itl_p99 is not None and with_failure.added_itl_p99 <= 2.0
+    assert not with_failure.passes(50)
+
+
+def search(
+    capacity: int, *, start: int = 50, most: int = 3200, resolution: float = 0.1
+) -> list[int]:
+    """The levels tried against a server that keeps up with ``capacity`` students."""
+    passed: list[int] = []
+    failed: list[int] = []
+    tried: list[int] = []
+    while (
+        n := next_level(passed, failed, start=start, most=most, resolution=resolution)
+    ) is not None:
+        assert n not in tried and len(tried) < 30
+        tried.append(n)
+        (passed if n <= capacity else failed).append(n)
+    return tried
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7, 49, 50, 99, 300, 777, 1000, 3199, 5000])
+def test_the_search_ends_within_its_resolution_of_the_capacity(capacity: int) -> None:
+    tried = search(capacity)
+    found = max((n for n in tried if n <= capacity), default=0)
+    assert found <= capacity
+    if capacity >= 3200:
+        assert found == 3200
+    elif found:
+        assert capacity - found <= max(1, found * 0.1), tried
+    else:
+        assert capacity < min(tried), tried
+    assert tried[0] == 50
+
+
+@pytest.fixture(scope="module")
+def worker(daphne_factory: Callable[..., LiveServer]) -> LiveServer:
+    return daphne_factory(
+        CHATSITE_STREAMS_PER_SESSION="0",
+        CHATSITE_SCRIPTED_TTFT_MS="30",
+        CHATSITE_SCRIPTED_TOKENS="6",
+        CHATSITE_SCRIPTED_ITL_MS="20",
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_students_in_a_closed_loop_read_whole_answers_from_daphne(worker: LiveServer) -> None:
+    client = ChatClient(worker)
+    cookies = "; ".join(f"{c.name}={c.value}" for c in client.client.cookies.jar)
+    body = b'{"message": "What is photosynthesis?"}'
+    request = build_request(worker.port, body, cookies, client.csrf_token)
+    answers, client_cpu_s = asyncio.run(crowd(worker.port, request, 3, warmup_s=0.2, measure_s=1.5))
+    client.close()
+    assert answers, "no answer started within the measured time"
+    assert [a.error for a in answers if a.error] == []
+    assert {a.tokens for a in answers} == {6}
+    assert {len(a.gaps_s) for a in answers} == {5}
+    assert all(a.ttft_s is not None and a.ttft_s >= 0.03 for a in answers)
+    assert all(gap >= 0 for a in answers for gap in a.gaps_s)
+    assert 0 < client_cpu_s < 60
+
+    forged = build_request(worker.port, body, cookies, "not-the-token")
+    refused, _ = asyncio.run(crowd(worker.port, forged, 1, warmup_s=0, measure_s=0.3))
+    assert refused and all(a.error and a.error.startswith("HTTP/1.1 403") for a in refused)
+    assert list(itertools.chain.from_iterable(a.gaps_s for a in refused)) == []
