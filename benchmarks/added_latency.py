@@ -195,6 +195,29 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"port {port} never opened")
 
 
+def peer_start(
+    name: str, ttft_ms: float, tokens: int, itl_ms: float
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the ``bare`` or the ``uvicorn`` server on a free port and wait until it accepts."""
+    port = free_port()
+    code = BARE_SERVER if name == "bare" else UVICORN_SERVER
+    engine = [str(ttft_ms), str(tokens), str(itl_ms)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", code, str(port), *engine], cwd=ROOT, env=env)
+    wait_port(port)
+    return process, port
+
+
+def database_migrate(root: Path, env: dict[str, str], db: Path) -> None:
+    """Create chatsite's tables in the SQLite file ``db`` with the code of checkout ``root``."""
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"],
+        cwd=root,
+        env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
+        check=True,
+    )
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -350,12 +373,7 @@ def main() -> None:
             process = None
             if name.startswith("chatsite"):
                 db = Path(tmp) / "bench.sqlite3"
-                subprocess.run(
-                    [sys.executable, "manage.py", "migrate", "-v0"],
-                    cwd=args.chatsite_root,
-                    env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
-                    check=True,
-                )
+                database_migrate(args.chatsite_root, env, db)
                 server = start_daphne(
                     workdir=Path(tmp),
                     root=args.chatsite_root,
@@ -382,22 +400,7 @@ def main() -> None:
                 else:
                     port, request = page_request(name, server, args.chatsite_root, env, db)
             else:
-                port = free_port()
-                code = BARE_SERVER if name == "bare" else UVICORN_SERVER
-                process = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        code,
-                        str(port),
-                        str(args.ttft_ms),
-                        str(args.tokens),
-                        str(args.itl_ms),
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                )
-                wait_port(port)
+                process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms)
                 request = build_request(port, b'{"message": "What is photosynthesis?"}')
             try:
                 asyncio.run(run_load(port, request, 10, 1))  # warm up

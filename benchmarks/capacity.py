@@ -36,15 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from assistant.benchmarking.capacity import Level, crowd, level_figures, next_level  # noqa: E402
-from assistant.benchmarking.ports import free_port  # noqa: E402
 from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
 from benchmarks.added_latency import (  # noqa: E402
-    BARE_SERVER,
-    UVICORN_SERVER,
     build_request,
     cpu_seconds,
+    database_migrate,
     page_request,
-    wait_port,
+    peer_start,
 )
 from benchmarks.load import raise_open_files  # noqa: E402
 
@@ -70,29 +68,13 @@ def start(
     name: str, args: argparse.Namespace, tmp: Path
 ) -> tuple[int, int, bytes, LiveServer | None, subprocess.Popen[bytes] | None]:
     """Start server ``name``: its port, its pid, the question's request, and what to stop."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if name != "chatsite":
-        port = free_port()
-        code = BARE_SERVER if name == "bare" else UVICORN_SERVER
-        engine = [str(args.ttft_ms), str(args.tokens), str(args.itl_ms)]
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, str(port), *engine], cwd=ROOT, env=env
-        )
-        wait_port(port)
-        return (
-            port,
-            process.pid,
-            build_request(port, b'{"message": "What is photosynthesis?"}'),
-            None,
-            process,
-        )
+        process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms)
+        request = build_request(port, b'{"message": "What is photosynthesis?"}')
+        return port, process.pid, request, None, process
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     db = tmp / "capacity.sqlite3"
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v0"],
-        cwd=ROOT,
-        env={**env, "CHATSITE_ENGINE": "scripted", "CHATSITE_SQLITE_PATH": str(db)},
-        check=True,
-    )
+    database_migrate(ROOT, env, db)
     server = start_daphne(
         workdir=tmp,
         db_path=str(db),
