@@ -8,7 +8,9 @@ The servers, one at a time, each on loopback (as in benchmarks/added_latency.py)
   (``uvicorn[standard]``, as FastAPI is usually deployed: ``pip install -e ".[bench]"``);
 * ``chatsite``: one Daphne worker with chatsite's ``direct`` path on the scripted engine, with
   the production settings except the limits meant for one client (one session asks every
-  question here): no cap on streams per session, per address or per worker.
+  question here): no cap on streams per session, per address or per worker;
+* ``chatsite-uvicorn``: the same application under uvicorn[standard] instead of Daphne (not a
+  production configuration yet: there the slow-reader guard finds no connection and is off).
 
 Every student asks in a closed loop, a new connection per question; the engine takes
 ``--ttft-ms`` to the first token, then writes ``--tokens`` tokens ``--itl-ms`` apart. For each
@@ -19,6 +21,10 @@ With two or more cores the server runs on core 0 and the load generator on core 
 takes CPU from the other; both CPU figures are printed (a share of one core).
 
     python benchmarks/capacity.py [--servers bare uvicorn chatsite] [--start 50] [--most 3200]
+
+``--profile DIR`` samples the server during each level with py-spy (as in
+benchmarks/added_latency.py; py-spy runs on the load generator's core) and prints the top of
+each profile. The sampling costs CPU: take the capacities from runs without it.
 """
 
 import argparse
@@ -35,7 +41,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from assistant.benchmarking.capacity import Level, crowd, level_figures, next_level  # noqa: E402
+from assistant.benchmarking.capacity import (  # noqa: E402
+    TTFT_LIMIT_MS,
+    Level,
+    crowd,
+    level_figures,
+    next_level,
+)
 from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
 from benchmarks.added_latency import (  # noqa: E402
     build_request,
@@ -43,6 +55,8 @@ from benchmarks.added_latency import (  # noqa: E402
     database_migrate,
     page_request,
     peer_start,
+    profile_show,
+    profile_start,
 )
 from benchmarks.load import raise_open_files  # noqa: E402
 
@@ -68,7 +82,7 @@ def start(
     name: str, args: argparse.Namespace, tmp: Path
 ) -> tuple[int, int, bytes, LiveServer | None, subprocess.Popen[bytes] | None]:
     """Start server ``name``: its port, its pid, the question's request, and what to stop."""
-    if name != "chatsite":
+    if not name.startswith("chatsite"):
         process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms)
         request = build_request(port, b'{"message": "What is photosynthesis?"}')
         return port, process.pid, request, None, process
@@ -86,31 +100,38 @@ def start(
             "CHATSITE_MAX_STREAMS": "0",
             "CHATSITE_STREAMS_PER_ADDRESS": "0",
         },
+        uvicorn=name == "chatsite-uvicorn",
     )
-    port, request = page_request(name, server, ROOT, env, db)
+    port, request = page_request("chatsite", server, ROOT, env, db)
     return port, server.process.pid, request, server, None
 
 
-def measure(port: int, pid: int, request: bytes, students: int, args: argparse.Namespace) -> Level:
+def measure(
+    name: str, port: int, pid: int, request: bytes, students: int, args: argparse.Namespace
+) -> Level:
+    spy = profile_start(args.profile, pid, f"{name}-{students}")
     wall = time.perf_counter()
     server_before = cpu_seconds(pid)
     answers, client_cpu_s = asyncio.run(
         crowd(port, request, students, warmup_s=args.warmup_s, measure_s=args.measure_s)
     )
+    server_cpu_s = cpu_seconds(pid) - server_before
+    wall_s = time.perf_counter() - wall
+    profile_show(spy)
     return level_figures(
         students,
         answers,
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
         measure_s=args.measure_s,
-        server_cpu_s=cpu_seconds(pid) - server_before,
+        server_cpu_s=server_cpu_s,
         client_cpu_s=client_cpu_s,
-        wall_s=time.perf_counter() - wall,
+        wall_s=wall_s,
     )
 
 
-def show(name: str, level: Level, limit_ms: float) -> None:
-    verdict = "pass" if level.passes(limit_ms) else "FAIL"
+def show(name: str, level: Level, args: argparse.Namespace) -> None:
+    verdict = "pass" if level.passes(args.itl_limit_ms, args.ttft_limit_ms) else "FAIL"
     print(
         f"{name:8s} {level.students:5d} students  {level.answers:5d} answers"
         f" {level.errors:4d} failed  {level.tokens_per_s:8.0f} tokens/s"
@@ -128,19 +149,23 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=["bare", "uvicorn", "chatsite"],
+        choices=["bare", "uvicorn", "chatsite", "chatsite-uvicorn"],
         default=["bare", "uvicorn", "chatsite"],
     )
     parser.add_argument("--start", type=int, default=50, help="students at the first level")
     parser.add_argument("--most", type=int, default=3200, help="students at most")
     parser.add_argument("--resolution", type=float, default=0.1, help="of the largest pass")
     parser.add_argument("--itl-limit-ms", type=float, default=50, help="P99 added ITL")
+    parser.add_argument("--ttft-limit-ms", type=float, default=TTFT_LIMIT_MS, help="P99 added TTFT")
     parser.add_argument("--ttft-ms", type=int, default=100)
     parser.add_argument("--itl-ms", type=int, default=50, help="50 ms: 20 tokens a second")
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--warmup-s", type=float, default=3)
     parser.add_argument("--measure-s", type=float, default=10)
     parser.add_argument("--json", type=Path, help="write every level's figures here")
+    parser.add_argument(
+        "--profile", type=Path, help="sample the server at each level with py-spy, into DIR"
+    )
     args = parser.parse_args()
 
     raise_open_files()
@@ -169,9 +194,10 @@ def main() -> None:
                         passed, failed, start=args.start, most=args.most, resolution=args.resolution
                     )
                 ) is not None:
-                    level = measure(port, pid, request, students, args)
-                    show(name, level, args.itl_limit_ms)
-                    (passed if level.passes(args.itl_limit_ms) else failed).append(students)
+                    level = measure(name, port, pid, request, students, args)
+                    show(name, level, args)
+                    passes = level.passes(args.itl_limit_ms, args.ttft_limit_ms)
+                    (passed if passes else failed).append(students)
                     levels.append(asdict(level))
                 print(f"{name}: {max(passed, default=0)} students\n", flush=True)
             finally:

@@ -9,9 +9,11 @@ django_application = get_asgi_application()
 
 # Imported after Django is set up: these touch models and settings.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from assistant import engines, internals, probes  # noqa: E402
+from assistant.collector import collector_settle  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.latency_probe import latency_probe  # noqa: E402
 from assistant.openai_api import OpenAIRouter  # noqa: E402
@@ -41,6 +43,10 @@ if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":
 chat_stream = ChatStreamRouter(
     {"direct": ChatStreamConsumer.as_asgi(), "django": django_application}
 )
+
+# Everything is loaded: out of the garbage collector's way, and collections fewer and shorter
+# (assistant/collector.py).
+collector_settle(settings.CHATSITE_GC_THRESHOLD)
 
 application = ProtocolTypeRouter(
     {

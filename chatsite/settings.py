@@ -147,6 +147,10 @@ CHATSITE_DB_THREADS = {
     "bulk": env_int("CHATSITE_DB_BULK_THREADS", 1),
 }
 
+# New container objects between two collections of Python's young generation, once what start-up
+# loaded is frozen (assistant/collector.py); 0: Python's own collector (every 700, none frozen).
+CHATSITE_GC_THRESHOLD = env_int("CHATSITE_GC_THRESHOLD", 10000)
+
 # Django's requests (pages, the history API, beacons) a worker runs at once, each on a thread
 # with a database connection (assistant/services/page_line.py): with the threads above they fit
 # the pool. The rest wait their turn up to WAIT_S seconds, then get a 503 busy page with

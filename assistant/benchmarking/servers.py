@@ -208,6 +208,7 @@ def start_daphne(
     env: dict[str, str] | None = None,
     root: Path = ROOT,
     port: int | None = None,
+    uvicorn: bool = False,
 ) -> LiveServer:
     """Start Daphne with chatsite on a free loopback port and wait until it serves.
 
@@ -216,7 +217,8 @@ def start_daphne(
     setting is the settings' default or the environment's, and ``env`` overrides them all.
     Logs and the engine's records go to ``workdir``. ``root`` is the checkout whose code runs
     (another one compares two versions in one run); ``port``, a port to serve on again (a
-    worker restarted), else a free one."""
+    worker restarted), else a free one. ``uvicorn``: the same application under uvicorn (with
+    uvloop and httptools where installed) instead, for the benchmarks' comparisons."""
     port = port or free_port()
     events_file = workdir / f"engine-events-{port}.jsonl"
     log_file = workdir / f"daphne-{port}-{time.monotonic_ns()}.log"
@@ -235,17 +237,13 @@ def start_daphne(
         "PYTHONUNBUFFERED": "1",
         **env,
     }
+    address = ["127.0.0.1", "-p" if not uvicorn else "--port", str(port)]
+    if uvicorn:
+        command = ["uvicorn", "--no-access-log", "--host", *address]
+    else:
+        command = ["chatsite.server", "-b", *address]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "chatsite.server",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "chatsite.asgi:application",
-        ],
+        [sys.executable, "-m", *command, "chatsite.asgi:application"],
         cwd=root,
         env=full_env,
         stdout=log_file.open("wb"),

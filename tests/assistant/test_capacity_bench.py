@@ -66,6 +66,14 @@ def test_figures_take_the_engines_own_delays_off() -> None:
     assert (with_failure.errors, with_failure.first_error) == (1, failed.error)
     assert with_failure.added_itl_p99 is not None and with_failure.added_itl_p99 <= 2.0
     assert not with_failure.passes(50)
+    waiting = level_figures(
+        10, [*ok, Answer(sent=0.0, ttft_s=0.9, gaps_s=[0.05], tokens=2)], ttft_ms=100, itl_ms=50,
+        measure_s=2, server_cpu_s=0, client_cpu_s=0, wall_s=1,
+    )  # fmt: skip
+    assert waiting.added_itl_p99 is not None and waiting.added_itl_p99 <= 2.0
+    assert waiting.added_ttft_p99 is not None and waiting.added_ttft_p99 > 500
+    assert not waiting.passes(50)  # streams on time once started, but waited 800 ms to start
+    assert waiting.passes(50, ttft_limit_ms=1000)
 
 
 def search(
