@@ -2,9 +2,9 @@
 
 The collector stops the whole process while it runs, so every open stream waits for it. With
 Python's defaults (a young collection every 700 new container objects, a full one every 100
-young ones) a worker streaming to 150 students spent 6-7 % of its core collecting, and each full
-collection walked every object the process holds (Django, Twisted, the answers kept for a
-resume: 150,000 of them) for 80-130 ms, longer than a token's whole budget of 50 ms.
+young ones) a worker streaming to 150 students spent about 5 % of its core collecting, and each
+full collection walked every object the process holds (Django, Twisted, the answers kept for a
+resume: up to 150,000 of them) for 80-130 ms, longer than a token's whole budget of 50 ms.
 
 ``collector_settle`` is called once a worker has loaded everything (chatsite/asgi.py):
 
@@ -13,7 +13,7 @@ resume: 150,000 of them) for 80-130 ms, longer than a token's whole budget of 50
   made;
 * the young generation is collected every ``threshold`` new objects instead of 700: most of an
   answer's objects are freed by reference counting long before that, so collections are about
-  fifty times fewer and each one still stays short (a few ms per thousand live young objects).
+  twenty times fewer and each one still short (about 2 ms per thousand live young objects).
 
 What a collection frees is the same; only when it runs changes.
 """
