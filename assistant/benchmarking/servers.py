@@ -237,11 +237,10 @@ def start_daphne(
         "PYTHONUNBUFFERED": "1",
         **env,
     }
-    address = ["127.0.0.1", "-p" if not uvicorn else "--port", str(port)]
     if uvicorn:
-        command = ["uvicorn", "--no-access-log", "--host", *address]
+        command = ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
     else:
-        command = ["chatsite.server", "-b", *address]
+        command = ["chatsite.server", "-b", "127.0.0.1", "-p", str(port)]
     process = subprocess.Popen(
         [sys.executable, "-m", *command, "chatsite.asgi:application"],
         cwd=root,
