@@ -235,8 +235,11 @@ def test_conversations_belong_to_the_class_they_began_in(daphne: LiveServer) -> 
     client = ChatClient(daphne)
     try:
         before = client.ask("[scripted tokens=1 ttft_ms=0] Before")[0].json()["conversation"]
+        # Stored by the group writer just after the answer's last frame, not before it.
+        wait_for(lambda: Conversation.objects.filter(id=before).exists())
         join(client, classroom.join_code)
         inside = client.ask("[scripted tokens=1 ttft_ms=0] Inside")[0].json()["conversation"]
+        wait_for(lambda: Conversation.objects.filter(id=inside).exists())
         listed = client.client.get("/api/conversations").json()["conversations"]
         assert [c["id"] for c in listed] == [inside]
         response = client.post_stream({"message": "more", "conversation": before})
