@@ -12,6 +12,10 @@ The same client measures three servers on loopback, one at a time:
 * ``uvicorn``: uvicorn + sse-starlette, a common Python streaming stack;
 * ``chatsite``: Daphne + chatsite's ``direct`` path (the Channels consumer, through the split
   router) with the scripted engine (CSRF, session, SQLite);
+* ``daphne-raw`` and ``uvicorn-raw``: each server running a raw ASGI application that writes
+  the same frames (assistant/benchmarking/raw_app.py): the server's own floor. Measured beside
+  ``chatsite`` and ``chatsite-uvicorn`` (the same application under uvicorn[standard]), the run
+  ends with chatsite's CPU per answer as a multiple of its server's floor.
 * ``chatsite-django``: the same server, ``django`` path (an async view behind the middleware).
 * ``chatsite-class``: ``chatsite`` for a student who joined a class (its persona and settings
   read with the session on every question).
@@ -195,15 +199,35 @@ def wait_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"port {port} never opened")
 
 
+#: The raw ASGI application (assistant/benchmarking/raw_app.py) under each server: its floor.
+RAW_APP = "assistant.benchmarking.raw_app:application"
+#: ``daphne-raw`` is Daphne as chatsite runs it (chatsite/server.py: its event loop, drain and
+#: checks), so that the difference is chatsite's application alone.
+RAW_SERVERS = {
+    "daphne-raw": ["chatsite.server", "-b", "127.0.0.1", "-p"],
+    "uvicorn-raw": ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port"],
+}
+#: Which floor each chatsite server is measured against (``--servers`` prints the ratio).
+FLOORS = {"chatsite": "daphne-raw", "chatsite-uvicorn": "uvicorn-raw"}
+
+
 def peer_start(
-    name: str, ttft_ms: float, tokens: int, itl_ms: float
+    name: str, ttft_ms: float, tokens: int, itl_ms: float, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the ``bare`` or the ``uvicorn`` server on a free port and wait until it accepts."""
+    """Start ``bare``, ``uvicorn`` or a raw server on a free port and wait until it accepts;
+    ``env``: more environment for it."""
     port = free_port()
-    code = BARE_SERVER if name == "bare" else UVICORN_SERVER
-    engine = [str(ttft_ms), str(tokens), str(itl_ms)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", code, str(port), *engine], cwd=ROOT, env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    out = None
+    if name in RAW_SERVERS:
+        pace = {"RAW_TTFT_MS": str(ttft_ms), "RAW_TOKENS": str(tokens), "RAW_ITL_MS": str(itl_ms)}
+        command = [sys.executable, "-m", *RAW_SERVERS[name], str(port), RAW_APP]
+        env.update(pace, DJANGO_SETTINGS_MODULE="chatsite.settings", **BENCHMARK_ENV)
+        out = subprocess.DEVNULL  # Daphne's access log, as chatsite's goes to its log file
+    else:
+        code = BARE_SERVER if name == "bare" else UVICORN_SERVER
+        command = [sys.executable, "-c", code, str(port), str(ttft_ms), str(tokens), str(itl_ms)]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out)
     wait_port(port)
     return process, port
 
@@ -344,7 +368,10 @@ def main() -> None:
         choices=[
             "bare",
             "uvicorn",
+            "daphne-raw",
+            "uvicorn-raw",
             "chatsite",
+            "chatsite-uvicorn",
             "chatsite-django",
             "chatsite-class",
             "chatsite-api",
@@ -378,6 +405,7 @@ def main() -> None:
                     workdir=Path(tmp),
                     root=args.chatsite_root,
                     db_path=str(db),
+                    uvicorn=name == "chatsite-uvicorn",
                     env={
                         **BENCHMARK_ENV,
                         "CHATSITE_SCRIPTED_TTFT_MS": str(int(args.ttft_ms)),
@@ -418,8 +446,22 @@ def main() -> None:
                     process.wait()
                 else:
                     server.stop()
+    floor_ratios(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def floor_ratios(rows: list[dict]) -> None:
+    """Print chatsite's CPU per answer on each server against that server's raw floor."""
+    cpu = {(row["server"], row["concurrency"]): row["cpu_ms_per_answer"] for row in rows}
+    for (name, concurrency), spent in cpu.items():
+        floor = cpu.get((FLOORS.get(name, ""), concurrency))
+        if floor:
+            print(
+                f"{name} c={concurrency}: {spent:.2f} ms of CPU per answer against "
+                f"{FLOORS[name]}'s {floor:.2f} ms: {spent / floor:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -79,15 +79,17 @@ def uvicorn_kind() -> str:
 
 
 def start(
-    name: str, args: argparse.Namespace, tmp: Path
+    name: str, args: argparse.Namespace, tmp: Path, env: dict[str, str] | None = None
 ) -> tuple[int, int, bytes, LiveServer | None, subprocess.Popen[bytes] | None]:
-    """Start server ``name``: its port, its pid, the question's request, and what to stop."""
+    """Start server ``name`` (with ``env`` added to its environment): its port, its pid, the
+    question's request, and what to stop."""
     if not name.startswith("chatsite"):
-        process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms)
+        process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms, env)
         request = build_request(port, b'{"message": "What is photosynthesis?"}')
         return port, process.pid, request, None, process
+    own_env = env or {}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    db = tmp / "capacity.sqlite3"
+    db = tmp / f"{name}-{len(list(tmp.glob('*.sqlite3')))}.sqlite3"  # several may run at once
     database_migrate(ROOT, env, db)
     server = start_daphne(
         workdir=tmp,
@@ -99,6 +101,7 @@ def start(
             "CHATSITE_SCRIPTED_ITL_MS": str(args.itl_ms),
             "CHATSITE_MAX_STREAMS": "0",
             "CHATSITE_STREAMS_PER_ADDRESS": "0",
+            **own_env,
         },
         uvicorn=name == "chatsite-uvicorn",
     )

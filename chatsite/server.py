@@ -26,14 +26,19 @@ Behind nginx this never fires: nginx reads the whole body before it passes the r
 docs/security.md for what bounds a slow client there).
 """
 
+import asyncio
 import logging
 import time
 from typing import Any
 
-from daphne.http_protocol import WebRequest
-from daphne.server import Server
+from chatsite.event_loop import event_loop_install, event_loop_name
 
-from assistant import internals
+event_loop_install()  # before Daphne makes its event loop (chatsite/event_loop.py)
+
+from daphne.http_protocol import WebRequest  # noqa: E402
+from daphne.server import Server  # noqa: E402
+
+from assistant import internals  # noqa: E402
 
 logger = logging.getLogger("assistant.server")
 
@@ -171,7 +176,13 @@ class ChatsiteServer(internals.daphne_server_class(refuse_late_requests)):  # ty
         from twisted.internet import reactor
 
         internals.on_sigterm(reactor, Drain(self).begin)
+        reactor.callWhenRunning(_event_loop_log)
         super().run()
+
+
+def _event_loop_log() -> None:
+    # Called as the reactor starts, before its loop runs: the loop Daphne set as current.
+    logger.info("Event loop: %s", event_loop_name(asyncio.get_event_loop()))
 
 
 def main() -> None:

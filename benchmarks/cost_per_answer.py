@@ -1,0 +1,174 @@
+"""CPU per answer: chatsite against the server it runs on, running a raw ASGI app.
+
+What chatsite's own work costs is the difference between chatsite on a server and the same
+server running a raw ASGI application that writes the same frames
+(assistant/benchmarking/raw_app.py): ``daphne-raw`` is chatsite's floor on Daphne,
+``uvicorn-raw`` its floor under uvicorn[standard] (``chatsite-uvicorn``); ``uvicorn`` is the peer,
+uvicorn[standard] + sse-starlette.
+
+Every server runs at once, each one process on core 0, the load generator on core 1 (with two
+or more cores). The servers are measured in turns: each round asks every server ``--requests``
+questions, ``--concurrency`` at a time, a new connection each (as benchmarks/added_latency.py
+does), and reads the server's CPU time from ``/proc`` around it; each round starts with the next
+server in the list, so a machine whose speed drifts during the run shifts every server alike.
+What a run prints is, per server, the median over the rounds of CPU per answer (with the
+spread) and of the added first-token latency, and for chatsite on each server the median of
+the rounds' ratios to its floor.
+
+Figures at a concurrency of 1 are mostly what a core spends waking up for each event of one
+stream (it sleeps between them), and they vary from run to run by half; at 50 the same work is
+shared by the streams that wake together, and what is left is each answer's own.
+
+    python benchmarks/cost_per_answer.py [--servers ...] [--concurrency 50] [--rounds 5]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.added_latency import FLOORS, cpu_seconds, run_load  # noqa: E402
+from benchmarks.capacity import CLIENT_CORE, SERVER_CORE, pin, start, uvicorn_kind  # noqa: E402
+from benchmarks.load import raise_open_files  # noqa: E402
+
+SERVERS = ["daphne-raw", "chatsite", "uvicorn-raw", "chatsite-uvicorn", "uvicorn"]
+
+
+def server_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``NAME`` or ``NAME:VAR=VALUE,...``: a server, and the environment it runs with."""
+    name, _, assignments = spec.partition(":")
+    if name not in SERVERS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not one of {', '.join(SERVERS)}")
+    env = {}
+    for assignment in filter(None, assignments.split(",")):
+        variable, equals, value = assignment.partition("=")
+        if not equals or not variable:
+            raise argparse.ArgumentTypeError(f"{assignment!r} is not VAR=VALUE")
+        env[variable] = value
+    return name, env
+
+
+def floor_of(spec: str, name: str, measured: dict[str, list[float]]) -> str | None:
+    """The floor measured beside chatsite server ``spec``: its server's raw one with the same
+    settings if there is one, else its server's raw one; None for a server without a floor."""
+    if name not in FLOORS:
+        return None
+    settings = spec.partition(":")[2]
+    for floor in (f"{FLOORS[name]}:{settings}", FLOORS[name]):
+        if floor in measured:
+            return floor
+    return None
+
+
+def one_round(port: int, pid: int, request: bytes, args: argparse.Namespace) -> tuple[float, float]:
+    """CPU ms per answer of server ``pid`` over ``--requests`` answers, and their P50 added TTFT."""
+    before = cpu_seconds(pid)
+    samples = asyncio.run(run_load(port, request, args.requests, args.concurrency))
+    spent = cpu_seconds(pid) - before
+    added = statistics.median(samples) * 1000 - args.ttft_ms
+    return spent * 1000 / len(samples), added
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        default=SERVERS,
+        help=f"of {', '.join(SERVERS)}, each as NAME or NAME:VAR=VALUE,... to run it with "
+        "settings of its own (chatsite:CHATSITE_EVENT_LOOP=asyncio beside chatsite compares two "
+        "event loops in one run)",
+    )
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=600, help="per server and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ttft-ms", type=int, default=50)
+    parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--itl-ms", type=int, default=10)
+    parser.add_argument("--json", type=Path, help="write every round's figures here")
+    args = parser.parse_args()
+    try:
+        specs = {spec: server_spec(spec) for spec in args.servers}
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
+
+    raise_open_files()
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    if pinned:
+        os.sched_setaffinity(0, CLIENT_CORE)
+    print("servers on core 0, load generator on core 1" if pinned else "all on the same cores")
+    print(f"uvicorn: {uvicorn_kind()}")
+    print(
+        f"{args.rounds} rounds of {args.requests} answers per server, {args.concurrency} at a "
+        f"time: {args.ttft_ms} ms to the first token, then {args.tokens} tokens "
+        f"{args.itl_ms} ms apart\n",
+        flush=True,
+    )
+    cpu: dict[str, list[float]] = {name: [] for name in args.servers}
+    added: dict[str, list[float]] = {name: [] for name in args.servers}
+    with tempfile.TemporaryDirectory() as folder:
+        started = {
+            spec: start(name, args, Path(folder), env) for spec, (name, env) in specs.items()
+        }
+        try:
+            for port, pid, request, _, _ in started.values():
+                if pinned:
+                    pin(pid, SERVER_CORE)
+                asyncio.run(run_load(port, request, 20, 5))  # warm up
+            for turn in range(args.rounds):
+                order = (
+                    args.servers[turn % len(args.servers) :]
+                    + args.servers[: turn % len(args.servers)]
+                )
+                for name in order:
+                    port, pid, request, _, _ = started[name]
+                    spent, late = one_round(port, pid, request, args)
+                    cpu[name].append(spent)
+                    added[name].append(late)
+                print(
+                    f"round {turn + 1}: "
+                    + "  ".join(f"{name} {cpu[name][-1]:.2f}" for name in args.servers)
+                    + " ms/answer",
+                    flush=True,
+                )
+        finally:
+            for _, _, _, server, process in started.values():
+                if server is not None:
+                    server.stop()
+                if process is not None:
+                    process.terminate()
+                    process.wait()
+    print("\n| server | CPU per answer, median (min-max) | added TTFT P50, median |")
+    print("| --- | --- | --- |")
+    for name in args.servers:
+        print(
+            f"| {name} | {statistics.median(cpu[name]):.2f} ms ({min(cpu[name]):.2f}-"
+            f"{max(cpu[name]):.2f}) | {statistics.median(added[name]):.1f} ms |"
+        )
+    ratios = {}
+    for spec, (name, _) in specs.items():
+        floor = floor_of(spec, name, cpu)
+        if floor is None:
+            continue
+        each = [spent / base for spent, base in zip(cpu[spec], cpu[floor], strict=True)]
+        ratios[spec] = each
+        print(
+            f"\n{spec} against {floor}: {statistics.median(each):.2f}x "
+            f"(rounds {min(each):.2f}-{max(each):.2f}x)",
+            end="",
+        )
+    print(flush=True)
+    if args.json:
+        rows = {"cpu_ms": cpu, "added_ttft_ms": added, "ratios": ratios, "args": vars(args)}
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

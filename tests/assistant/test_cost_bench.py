@@ -1,0 +1,80 @@
+"""The CPU-per-answer benchmark's parts (benchmarks/cost_per_answer.py): the raw floor each
+server is measured against writes what a chatsite answer writes, run by the real servers, and
+the benchmark's server specifications. The costs themselves are measured by the benchmark."""
+
+import argparse
+import asyncio
+import json
+
+import pytest
+
+from assistant.benchmarking.frames import SSEParser
+from benchmarks.added_latency import build_request, one_request, peer_start
+from benchmarks.cost_per_answer import floor_of, server_spec
+from tests.support import ChatClient
+
+
+def raw_events(port: int) -> list[tuple[str, str]]:
+    """The events of one answer from the raw server on ``port``, read whole."""
+
+    async def read() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(build_request(port, b'{"message": "Hi"}'))
+        data = await reader.read()  # Connection: close
+        writer.close()
+        return data
+
+    head, _, body = asyncio.run(read()).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"content-type: text/event-stream" in head.lower()
+    chunks, rest = [], body  # de-chunk
+    while (size := int(rest.split(b"\r\n", 1)[0], 16)) > 0:
+        rest = rest.split(b"\r\n", 1)[1]
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+    return [(e.event, e.data) for e in SSEParser().feed(b"".join(chunks))]
+
+
+@pytest.mark.parametrize("server", ["daphne-raw", "uvicorn-raw"])
+def test_the_raw_floor_writes_the_frames_of_an_answer(server: str, chat_client: ChatClient) -> None:
+    process, port = peer_start(server, ttft_ms=5, tokens=3, itl_ms=1)
+    try:
+        raw = raw_events(port)
+        assert asyncio.run(one_request(port, build_request(port, b'{"message": "x"}'))) > 0.005
+    finally:
+        process.terminate()
+        process.wait()
+    site = [(e.event, e.data) for e in chat_client.ask("Hi")]
+    kinds = [event for event, _ in raw]
+    assert kinds == ["meta", "token", "token", "token", "done"]
+    # The same events as chatsite's, with the same fields in each.
+    assert set(json.loads(raw[0][1])) == set(json.loads(site[0][1]))
+    assert [json.loads(data)["text"] for _, data in raw[1:4]] == [" t1", " t2", " t3"]
+    assert {"finish_reason", "tokens", "timings"} <= set(json.loads(raw[-1][1]))
+
+
+def test_a_server_spec_names_a_server_and_its_settings() -> None:
+    assert server_spec("chatsite") == ("chatsite", {})
+    assert server_spec("chatsite:CHATSITE_EVENT_LOOP=asyncio,CHATSITE_GC_THRESHOLD=0") == (
+        "chatsite",
+        {"CHATSITE_EVENT_LOOP": "asyncio", "CHATSITE_GC_THRESHOLD": "0"},
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="not one of"):
+        server_spec("gunicorn")
+    with pytest.raises(argparse.ArgumentTypeError, match="not VAR=VALUE"):
+        server_spec("chatsite:CHATSITE_EVENT_LOOP")
+
+
+def test_each_chatsite_server_is_measured_against_its_own_floor() -> None:
+    measured = {
+        "daphne-raw": [1.0],
+        "daphne-raw:CHATSITE_EVENT_LOOP=asyncio": [1.0],
+        "uvicorn-raw": [1.0],
+    }
+    assert floor_of("chatsite", "chatsite", measured) == "daphne-raw"
+    spec = "chatsite:CHATSITE_EVENT_LOOP=asyncio"
+    assert floor_of(spec, "chatsite", measured) == "daphne-raw:CHATSITE_EVENT_LOOP=asyncio"
+    assert floor_of("chatsite:CHATSITE_GC_THRESHOLD=0", "chatsite", measured) == "daphne-raw"
+    assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", measured) == "uvicorn-raw"
+    assert floor_of("uvicorn", "uvicorn", measured) is None
+    assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", {}) is None
