@@ -58,6 +58,7 @@ from assistant.benchmarking import SSEParser, percentile  # noqa: E402
 from assistant.benchmarking.ports import accepts, free_port  # noqa: E402
 from assistant.benchmarking.profile import area_rows, profile_read, profile_top  # noqa: E402
 from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
+from assistant.modelhost.supervisor import die_with_parent  # noqa: E402
 
 BARE_SERVER = r"""
 import asyncio, sys
@@ -217,18 +218,29 @@ def peer_start(
     """Start ``bare``, ``uvicorn`` or a raw server on a free port and wait until it accepts;
     ``env``: more environment for it."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = None
     if name in RAW_SERVERS:
         pace = {"RAW_TTFT_MS": str(ttft_ms), "RAW_TOKENS": str(tokens), "RAW_ITL_MS": str(itl_ms)}
         command = [sys.executable, "-m", *RAW_SERVERS[name], str(port), RAW_APP]
-        env.update(pace, DJANGO_SETTINGS_MODULE="chatsite.settings", **BENCHMARK_ENV)
+        full_env.update(pace, DJANGO_SETTINGS_MODULE="chatsite.settings", **BENCHMARK_ENV)
         out = subprocess.DEVNULL  # Daphne's access log, as chatsite's goes to its log file
     else:
         code = BARE_SERVER if name == "bare" else UVICORN_SERVER
         command = [sys.executable, "-c", code, str(port), str(ttft_ms), str(tokens), str(itl_ms)]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out)
-    wait_port(port)
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**full_env, **(env or {})},
+        stdout=out,
+        preexec_fn=die_with_parent,
+    )
+    try:
+        wait_port(port)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
     return process, port
 
 

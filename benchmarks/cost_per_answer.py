@@ -98,6 +98,8 @@ def main() -> None:
         specs = {spec: server_spec(spec) for spec in args.servers}
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
+    if len(specs) < len(args.servers):
+        parser.error("a server is named twice in --servers")
 
     raise_open_files()
     pinned = len(os.sched_getaffinity(0)) >= 2
@@ -114,10 +116,10 @@ def main() -> None:
     cpu: dict[str, list[float]] = {name: [] for name in args.servers}
     added: dict[str, list[float]] = {name: [] for name in args.servers}
     with tempfile.TemporaryDirectory() as folder:
-        started = {
-            spec: start(name, args, Path(folder), env) for spec, (name, env) in specs.items()
-        }
+        started = {}
         try:
+            for spec, (name, env) in specs.items():
+                started[spec] = start(name, args, Path(folder), env)
             for port, pid, request, _, _ in started.values():
                 if pinned:
                     pin(pid, SERVER_CORE)

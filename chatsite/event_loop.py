@@ -9,6 +9,10 @@ its rounds), and uvloop's rounds cost less CPU than asyncio's (docs/performance.
 ``CHATSITE_EVENT_LOOP``: ``uvloop`` (the default; asyncio's loop where uvloop cannot be
 imported) or ``asyncio``. Read from the environment, not Django's settings: the loop is chosen
 before Django is set up.
+
+Daphne makes its loop itself (``asyncio.new_event_loop()`` as ``daphne.server`` is imported), so
+the event loop policy is the only way in. Policies are deprecated from Python 3.14 (uvloop's
+goes with 3.16): a later Python needs Daphne to take a loop factory instead.
 """
 
 import asyncio

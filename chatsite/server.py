@@ -1,6 +1,9 @@
 """Daphne as chatsite runs it: ``python -m chatsite.server`` takes Daphne's own arguments.
 
-Three additions. **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
+Four additions. **uvloop** under Twisted's asyncio reactor (``CHATSITE_EVENT_LOOP``,
+chatsite/event_loop.py), installed before Daphne makes its event loop.
+
+**A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
 stops accepting connections (those already waiting in its backlog are accepted first), so nginx
 sends new requests to the other workers; each connection it serves closes once its response
 ends (``Connection: close``), so nginx keeps none of them for later (one nginx keeps idle

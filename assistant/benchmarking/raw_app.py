@@ -1,15 +1,18 @@
 """The floor of an ASGI server: a raw ASGI application that writes the frames chatsite writes.
 
-``benchmarks/added_latency.py`` runs it under Daphne (``daphne-raw``) and under uvicorn
-(``uvicorn-raw``) beside chatsite on the same server, so that what chatsite's own work costs per
-answer is the difference, and the ratio, against the server alone. It does what a chat stream
-does on the wire and nothing else: read the whole body, wait the engine's first-token delay,
-then send, each as its own ``http.response.body`` message, ``: open``, a ``meta`` event, one
-``token`` event per token (``ITL`` apart) and a ``done`` event with timings, then close the
-body. No routing, no checks, no storage, no metrics.
+``benchmarks/added_latency.py`` and ``benchmarks/cost_per_answer.py`` run it under Daphne
+(``daphne-raw``) and under uvicorn (``uvicorn-raw``) beside chatsite on the same server, so that
+what chatsite's own work costs per answer is the difference, and the ratio, against the server
+alone. It does what a chat stream does on the wire and nothing else: read the whole body, send
+``: open`` and a ``meta`` event, wait the engine's first-token delay, then send one ``token``
+event per token (``ITL`` apart) and a ``done`` event with timings, each as its own
+``http.response.body`` message, then close the body. No routing, no checks, no storage, no
+metrics.
 
-Run as ``daphne assistant.benchmarking.raw_app:application`` (or uvicorn); the engine's pace
-comes from ``RAW_TTFT_MS``, ``RAW_TOKENS`` and ``RAW_ITL_MS``.
+The benchmarks run it as ``python -m chatsite.server ...
+assistant.benchmarking.raw_app:application`` (Daphne as chatsite runs it, on the same event
+loop) and under uvicorn; the engine's pace comes from ``RAW_TTFT_MS``, ``RAW_TOKENS`` and
+``RAW_ITL_MS``.
 """
 
 import asyncio
@@ -31,7 +34,7 @@ HEADERS = [
 
 
 def frames_meta() -> bytes:
-    """A ``meta`` event of the size of chatsite's (three ids, the path and the engine)."""
+    """A ``meta`` event of the size of chatsite's (four ids, the path and the engine)."""
     return encode_json_event(
         {
             "request_id": uuid.uuid4().hex,

@@ -5,6 +5,10 @@ the benchmark's server specifications. The costs themselves are measured by the 
 import argparse
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,8 @@ from assistant.benchmarking.frames import SSEParser
 from benchmarks.added_latency import build_request, one_request, peer_start
 from benchmarks.cost_per_answer import floor_of, server_spec
 from tests.support import ChatClient
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def raw_events(port: int) -> list[tuple[str, str]]:
@@ -37,10 +43,11 @@ def raw_events(port: int) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("server", ["daphne-raw", "uvicorn-raw"])
 def test_the_raw_floor_writes_the_frames_of_an_answer(server: str, chat_client: ChatClient) -> None:
-    process, port = peer_start(server, ttft_ms=5, tokens=3, itl_ms=1)
+    process, port = peer_start(server, ttft_ms=20, tokens=3, itl_ms=1)
     try:
         raw = raw_events(port)
-        assert asyncio.run(one_request(port, build_request(port, b'{"message": "x"}'))) > 0.005
+        # The first token after the engine's delay (a timer may fire a millisecond early).
+        assert asyncio.run(one_request(port, build_request(port, b'{"message": "x"}'))) > 0.015
     finally:
         process.terminate()
         process.wait()
@@ -78,3 +85,20 @@ def test_each_chatsite_server_is_measured_against_its_own_floor() -> None:
     assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", measured) == "uvicorn-raw"
     assert floor_of("uvicorn", "uvicorn", measured) is None
     assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", {}) is None
+
+
+def test_the_answer_path_benchmark_answers_in_process() -> None:
+    """benchmarks/answer_path.py calls the application as a server would and reports the CPU of
+    whole answers (each with its tokens)."""
+    done = subprocess.run(
+        [sys.executable, "benchmarks/answer_path.py", "--answers", "20", "--rounds", "1"],
+        cwd=ROOT,
+        env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("round 1:")]
+    assert "20 answers (20 tokens each), 1 at a time:" in line
+    assert float(line.split(": ")[2].split(" ms")[0]) > 0

@@ -8,8 +8,6 @@ from assistant.benchmarking.servers import LiveServer
 from chatsite.event_loop import event_loop_install, event_loop_name, event_loop_wanted
 from tests.support import ChatClient, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 
 def test_the_wanted_loop_is_uvloop_unless_asyncio_is_named(monkeypatch) -> None:
     monkeypatch.delenv("CHATSITE_EVENT_LOOP", raising=False)
@@ -50,6 +48,7 @@ def answered(server: LiveServer) -> None:
     assert sum(e.event == "token" for e in events) > 0
 
 
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("wanted", ["uvloop", "asyncio"])
 def test_a_worker_serves_on_the_loop_it_was_given(daphne_factory, wanted: str) -> None:
     server = daphne_factory(CHATSITE_EVENT_LOOP=wanted)

@@ -29,7 +29,12 @@ ENV_EXAMPLE = ROOT / "deploy" / "env.example"
 VLLM_DOC = ROOT / "docs" / "vllm.md"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 # The modules that read chatsite's environment: settings, and the ASGI entry point.
-ENV_READERS = (ROOT / "chatsite" / "settings.py", ROOT / "chatsite" / "asgi.py")
+ENV_READERS = (
+    ROOT / "chatsite" / "settings.py",
+    ROOT / "chatsite" / "asgi.py",
+    # The event loop is chosen before Django's settings are read.
+    ROOT / "chatsite" / "event_loop.py",
+)
 
 WORKER = "chatsite@.service"
 MIGRATE = "chatsite-migrate.service"
@@ -625,7 +630,8 @@ def excluded(name: str) -> bool:
 
 
 def test_env_example_lists_every_variable_chatsite_reads() -> None:
-    """Every variable settings.py or asgi.py reads is in env.example, test-only ones aside."""
+    """Every variable settings.py, asgi.py or event_loop.py reads is in env.example, test-only
+    ones aside."""
     read = names_read()
     documented = env_documented(ENV_EXAMPLE.read_text())
     missing = sorted(name for name in read - documented if not excluded(name))

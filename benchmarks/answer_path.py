@@ -1,0 +1,197 @@
+"""chatsite's own work per answer, with no server: the ASGI application called in this process.
+
+Servers cost CPU of their own, and on a shared machine a server's figures move from run to run
+(benchmarks/cost_per_answer.py measures them in interleaved rounds for that reason). This calls
+``chatsite.asgi.application`` directly, as a server would, for one session's questions on the
+``direct`` path with the scripted engine at no delay (``--tokens`` tokens each), and reads the
+process's CPU time (every thread: the database threads' work counts) around ``--answers``
+answers, ``--concurrency`` at a time. What it measures is everything chatsite does for an
+answer (routing, CSRF, the session and admission read, the engine's stream, frames, the resume
+buffer, the slow-reader check where a connection is found, which here it is not, persistence,
+metrics) and nothing of a server's: no socket, no parsing of HTTP.
+
+``--profile`` runs the same answers again under cProfile and prints the functions with the most
+time of their own, and chatsite's by the time spent in them and what they call. Times under the
+profiler are inflated; its call counts are exact.
+
+    python benchmarks/answer_path.py [--answers 2000] [--tokens 20] [--concurrency 1]
+                                     [--rounds 3] [--profile]
+
+Each answer's log line goes to stderr, as a worker's does: ``CHATSITE_LOG_LEVEL=WARNING``
+quiets them.
+"""
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from assistant.benchmarking.servers import BENCHMARK_ENV  # noqa: E402
+from benchmarks.added_latency import database_migrate  # noqa: E402
+
+HOST = b"127.0.0.1:8000"
+
+
+def scope_for(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", HOST), *headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+
+async def call(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, list, bytes]:
+    """One request to ``app`` as a server makes it: its status, headers and whole body. The
+    client leaves (``http.disconnect``) once the response has ended."""
+    ended = asyncio.Event()
+    sent = False
+    status, headers, chunks = 0, [], []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await ended.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status, headers = message["status"], message.get("headers", [])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                ended.set()
+
+    await app(scope, receive, send)
+    return status, headers, b"".join(chunks)
+
+
+async def session_cookies(app: Any) -> dict[str, str]:
+    """The cookies a first visit to the page sets (the session and the CSRF token)."""
+    status, headers, _ = await call(app, scope_for("GET", "/", []))
+    if status != 200:
+        raise RuntimeError(f"the page answered {status}")
+    cookies = {}
+    for name, value in headers:
+        if name.lower() == b"set-cookie":
+            key, _, rest = value.decode().partition("=")
+            cookies[key] = rest.split(";", 1)[0]
+    return cookies
+
+
+async def answers(app: Any, cookies: dict[str, str], count: int, concurrency: int) -> int:
+    """``count`` answers, ``concurrency`` at a time; how many tokens they held in all."""
+    cookie = "; ".join(f"{key}={value}" for key, value in cookies.items()).encode()
+    body = json.dumps({"message": "What is photosynthesis?"}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cookie", cookie),
+        (b"x-csrftoken", cookies["csrftoken"].encode()),
+    ]
+    queue = iter(range(count))
+    tokens = 0
+
+    async def student() -> None:
+        nonlocal tokens
+        for _ in queue:
+            scope = scope_for("POST", "/api/chat/stream", headers)
+            status, _, text = await call(app, scope, body)
+            if status != 200 or b"event: done" not in text:
+                raise RuntimeError(f"not a whole answer: {status} {text[-300:]!r}")
+            tokens += text.count(b"event: token")
+
+    await asyncio.gather(*(student() for _ in range(concurrency)))
+    return tokens
+
+
+def profile_show(profile: cProfile.Profile) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(str(ROOT / "assistant"), 40)
+    print(out.getvalue())
+
+
+async def run(args: argparse.Namespace) -> None:
+    from chatsite.asgi import application
+
+    cookies = await session_cookies(application)
+    await answers(application, cookies, 50, args.concurrency)  # warm up
+    for round_ in range(args.rounds):
+        cpu, wall = time.process_time(), time.perf_counter()
+        tokens = await answers(application, cookies, args.answers, args.concurrency)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        print(
+            f"round {round_ + 1}: {args.answers} answers ({tokens / args.answers:.0f} tokens each)"
+            f", {args.concurrency} at a time: {cpu * 1000 / args.answers:.3f} ms of CPU per "
+            f"answer ({wall * 1000 / args.answers:.3f} ms of wall time)",
+            flush=True,
+        )
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        await answers(application, cookies, args.answers, args.concurrency)
+        profile.disable()
+        profile_show(profile)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--answers", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="answer-path-") as folder:
+        measure(args, Path(folder) / "answers.sqlite3")
+
+
+def measure(args: argparse.Namespace, db: Path) -> None:
+    """Set the benchmark's settings up on the SQLite database ``db``, then run it."""
+    settings = {
+        **BENCHMARK_ENV,
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings",
+        "CHATSITE_ENGINE": "scripted",
+        "CHATSITE_SCRIPTED_TTFT_MS": "0",
+        "CHATSITE_SCRIPTED_ITL_MS": "0",
+        "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
+        "CHATSITE_SQLITE_PATH": str(db),
+        "CHATSITE_MAX_STREAMS": "0",
+        "CHATSITE_STREAMS_PER_ADDRESS": "0",
+    }
+    os.environ.update(settings)
+    os.environ.pop("DATABASE_URL", None)
+    database_migrate(ROOT, dict(os.environ), db)
+    from chatsite.event_loop import event_loop_install
+
+    print(f"event loop: {event_loop_install()}", flush=True)
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
