@@ -16,10 +16,7 @@ goes with 3.16): a later Python needs Daphne to take a loop factory instead.
 """
 
 import asyncio
-import logging
 import os
-
-logger = logging.getLogger("assistant.server")
 
 CHOICES = ("uvloop", "asyncio")
 

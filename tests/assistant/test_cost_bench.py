@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from assistant.benchmarking.frames import SSEParser
-from benchmarks.added_latency import build_request, one_request, peer_start
+from benchmarks.added_latency import body_pieces, build_request, one_request, peer_start
 from benchmarks.cost_per_answer import floor_of, server_spec
 from tests.support import ChatClient
 
@@ -23,22 +23,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def raw_events(port: int) -> list[tuple[str, str]]:
     """The events of one answer from the raw server on ``port``, read whole."""
 
-    async def read() -> bytes:
+    async def read() -> tuple[bytes, bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(build_request(port, b'{"message": "Hi"}'))
-        data = await reader.read()  # Connection: close
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = b"".join([piece async for piece in body_pieces(reader, head)])  # de-chunked
         writer.close()
-        return data
+        return head, body
 
-    head, _, body = asyncio.run(read()).partition(b"\r\n\r\n")
+    head, body = asyncio.run(read())
     assert head.startswith(b"HTTP/1.1 200"), head
     assert b"content-type: text/event-stream" in head.lower()
-    chunks, rest = [], body  # de-chunk
-    while (size := int(rest.split(b"\r\n", 1)[0], 16)) > 0:
-        rest = rest.split(b"\r\n", 1)[1]
-        chunks.append(rest[:size])
-        rest = rest[size + 2 :]
-    return [(e.event, e.data) for e in SSEParser().feed(b"".join(chunks))]
+    return [(e.event, e.data) for e in SSEParser().feed(body)]
 
 
 @pytest.mark.parametrize("server", ["daphne-raw", "uvicorn-raw"])
