@@ -1,12 +1,12 @@
 """Other projects' internals that chatsite relies on, all in one place.
 
-Every access here goes past the documented API of Daphne, Twisted, Django or Channels: private
-attributes, undocumented methods overridden, object graphs that happen to hold. Each function or
-class names what it relies on, and ``tests/assistant/test_contracts.py`` checks each one against
-the installed release, failing by name when an upgrade changes it. The rest of the code calls
-these and keeps its own logic.
+Every access here goes past the documented API of Daphne, Twisted, Django, Channels or uvicorn:
+private attributes, undocumented methods overridden, object graphs that happen to hold. Each
+function or class names what it relies on, and ``tests/assistant/test_contracts.py`` checks each
+one against the installed release, failing by name when an upgrade changes it. The rest of the
+code calls these and keeps its own logic.
 
-Checked against Django 6.1.3, Daphne 4.2.3, Twisted 26.10.0 and Channels 4.3.2
+Checked against Django 6.1.3, Daphne 4.2.3, Twisted 26.10.0, Channels 4.3.2 and uvicorn 0.54.0
 (``CHECKED_AGAINST``). ``SUPPORTED`` repeats the bounds in pyproject.toml; raise one only once the
 contract tests pass on the new release.
 
@@ -39,6 +39,7 @@ CHECKED_AGAINST: dict[str, str] = {
     "daphne": "4.2.3",
     "twisted": "26.10.0",
     "channels": "4.3.2",
+    "uvicorn": "0.54.0",
 }
 
 #: The releases the accesses are held to: the same bounds as pyproject.toml's dependencies.
@@ -47,6 +48,7 @@ SUPPORTED: tuple[str, ...] = (
     "channels>=4.3,<4.4",
     "daphne>=4.2,<4.3",
     "twisted>=24.10,<27",
+    "uvicorn>=0.34,<0.55",
 )
 
 
@@ -86,6 +88,32 @@ def daphne_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
         except Exception:  # not a plain TCP transport: no socket to ask the kernel about
             return None
     return None
+
+
+# --- uvicorn: the connection behind the application's ``send`` ---------------------------
+
+
+def uvicorn_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
+    """The asyncio transport and socket file descriptor of the TCP connection behind uvicorn's
+    ASGI ``send``; None under another server, or when the transport has no socket (a Unix
+    socket's has one too; TLS's has none this can read).
+
+    Relies on uvicorn's ``RequestResponseCycle`` (its httptools and h11 protocols alike) handing
+    the application its own bound ``send`` method and keeping the connection's transport as
+    ``transport``; the transport's buffer is read and bounded through asyncio's public
+    ``WriteTransport`` calls (``get_write_buffer_size``, ``set_write_buffer_limits``, ``abort``).
+    """
+    cycle = getattr(send, "__self__", None)
+    kind = type(cycle)
+    if kind.__name__ != "RequestResponseCycle" or not kind.__module__.startswith("uvicorn."):
+        return None
+    transport = getattr(cycle, "transport", None)
+    if transport is None or transport.get_extra_info("sslcontext") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    return transport, sock.fileno()
 
 
 # --- Linux: a socket's send queue --------------------------------------------------------

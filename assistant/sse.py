@@ -18,6 +18,22 @@ def _field(name: str, value: str) -> str:
     return f"{name}: {value}\n"
 
 
+def _head(event: str | None, id: str | None, retry_ms: int | None) -> str:
+    """The fields before the data: optional ``id``/``event``/``retry``."""
+    head = ""
+    if id is not None:
+        if "\0" in id:
+            raise ValueError("SSE id cannot contain NUL")
+        head = _field("id", id)
+    if event is not None:
+        head += _field("event", event)
+    if retry_ms is not None:
+        if retry_ms < 0:
+            raise ValueError("SSE retry must be a non-negative integer")
+        head += f"retry: {int(retry_ms)}\n"
+    return head
+
+
 def encode_event(
     data: str,
     *,
@@ -26,27 +42,18 @@ def encode_event(
     retry_ms: int | None = None,
 ) -> bytes:
     """One complete event frame: optional ``id``/``event``/``retry``, then the data lines."""
-    parts: list[str] = []
-    if id is not None:
-        if "\0" in id:
-            raise ValueError("SSE id cannot contain NUL")
-        parts.append(_field("id", id))
-    if event is not None:
-        parts.append(_field("event", event))
-    if retry_ms is not None:
-        if retry_ms < 0:
-            raise ValueError("SSE retry must be a non-negative integer")
-        parts.append(f"retry: {int(retry_ms)}\n")
-    parts.extend(f"data: {line}\n" for line in _LINE_BREAK.split(data))
-    parts.append("\n")
-    return "".join(parts).encode("utf-8")
+    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
+    return f"{_head(event, id, retry_ms)}{lines}\n".encode()
+
+
+#: Compact JSON, made once: ``json.dumps`` with options builds a new encoder on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def encode_json_event(payload: Any, *, event: str | None = None, id: str | None = None) -> bytes:
     """An event whose data is compact JSON (one line: JSON escapes every line break); without
     ``event``, a plain message (what OpenAI-style streams send)."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return encode_event(data, event=event, id=id)
+    return f"{_head(event, id, None)}data: {_JSON.encode(payload)}\n\n".encode()
 
 
 def encode_comment(text: str = "") -> bytes:

@@ -79,10 +79,14 @@ def uvicorn_kind() -> str:
 
 
 def start(
-    name: str, args: argparse.Namespace, tmp: Path, env: dict[str, str] | None = None
+    name: str,
+    args: argparse.Namespace,
+    tmp: Path,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> tuple[int, int, bytes, LiveServer | None, subprocess.Popen[bytes] | None]:
-    """Start server ``name`` (with ``env`` added to its environment): its port, its pid, the
-    question's request, and what to stop."""
+    """Start server ``name`` (with ``env`` added to its environment; a chatsite server with the
+    code of checkout ``root``): its port, its pid, the question's request, and what to stop."""
     if not name.startswith("chatsite"):
         process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms, env)
         request = build_request(port, b'{"message": "What is photosynthesis?"}')
@@ -90,9 +94,10 @@ def start(
     own_env = env or {}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     db = tmp / f"{name}-{len(list(tmp.glob('*.sqlite3')))}.sqlite3"  # several may run at once
-    database_migrate(ROOT, env, db)
+    database_migrate(root, env, db)
     server = start_daphne(
         workdir=tmp,
+        root=root,
         db_path=str(db),
         env={
             **BENCHMARK_ENV,
@@ -105,7 +110,7 @@ def start(
         },
         uvicorn=name == "chatsite-uvicorn",
     )
-    port, request = page_request("chatsite", server, ROOT, env, db)
+    port, request = page_request("chatsite", server, root, env, db)
     return port, server.process.pid, request, server, None
 
 

@@ -15,11 +15,17 @@ What a run prints is, per server, the median over the rounds of CPU per answer (
 spread) and of the added first-token latency, and for chatsite on each server the median of
 the rounds' ratios to its floor.
 
+``--baseline DIR`` adds, for each chatsite server named (``chatsite``, ``chatsite-uvicorn``), the
+same server with the code of another checkout (an earlier commit), ``chatsite-baseline`` and
+``chatsite-uvicorn-baseline``, measured in the same rounds, so that a change's effect is read
+against rounds that shared the machine's state with it (the median of the per-round ratios).
+
 Figures at a concurrency of 1 are mostly what a core spends waking up for each event of one
 stream (it sleeps between them), and they vary from run to run by half; at 50 the same work is
 shared by the streams that wake together, and what is left is each answer's own.
 
     python benchmarks/cost_per_answer.py [--servers ...] [--concurrency 50] [--rounds 5]
+                                         [--baseline DIR]
 """
 
 import argparse
@@ -39,6 +45,8 @@ from benchmarks.capacity import CLIENT_CORE, SERVER_CORE, pin, start, uvicorn_ki
 from benchmarks.load import raise_open_files  # noqa: E402
 
 SERVERS = ["daphne-raw", "chatsite", "uvicorn-raw", "chatsite-uvicorn", "uvicorn"]
+#: A chatsite server from the checkout ``--baseline`` names: ``chatsite-baseline``, ...
+BASELINE = "-baseline"
 
 
 def server_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -67,6 +75,12 @@ def floor_of(spec: str, name: str, measured: dict[str, list[float]]) -> str | No
     return None
 
 
+def baselines(servers: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
+    """For each chatsite server named plainly in ``servers``, the same server run from the
+    ``--baseline`` checkout: ``NAME-baseline``, measured against the same floor."""
+    return {name + BASELINE: (name, {}) for name in servers if name in FLOORS}
+
+
 def one_round(port: int, pid: int, request: bytes, args: argparse.Namespace) -> tuple[float, float]:
     """CPU ms per answer of server ``pid`` over ``--requests`` answers, and their P50 added TTFT."""
     before = cpu_seconds(pid)
@@ -93,6 +107,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--itl-ms", type=int, default=10)
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also measure each chatsite server named with this checkout's code, as "
+        "chatsite-baseline and chatsite-uvicorn-baseline",
+    )
     args = parser.parse_args()
     try:
         specs = {spec: server_spec(spec) for spec in args.servers}
@@ -100,6 +120,12 @@ def main() -> None:
         parser.error(str(error))
     if len(specs) < len(args.servers):
         parser.error("a server is named twice in --servers")
+    if args.baseline is not None:
+        if not (args.baseline / "manage.py").is_file():
+            parser.error(f"--baseline {args.baseline} is not a checkout of chatsite")
+        added = baselines(args.servers)
+        specs.update(added)
+        args.servers = [*args.servers, *added]
 
     raise_open_files()
     pinned = len(os.sched_getaffinity(0)) >= 2
@@ -119,7 +145,8 @@ def main() -> None:
         started = {}
         try:
             for spec, (name, env) in specs.items():
-                started[spec] = start(name, args, Path(folder), env)
+                root = args.baseline if spec.endswith(BASELINE) else ROOT
+                started[spec] = start(name, args, Path(folder), env, root=root)
             for port, pid, request, _, _ in started.values():
                 if pinned:
                     pin(pid, SERVER_CORE)
@@ -163,6 +190,15 @@ def main() -> None:
         ratios[spec] = each
         print(
             f"\n{spec} against {floor}: {statistics.median(each):.2f}x "
+            f"(rounds {min(each):.2f}-{max(each):.2f}x)",
+            end="",
+        )
+    for name in [spec for spec in args.servers if spec + BASELINE in cpu]:
+        old = cpu[name + BASELINE]
+        each = [new / base for new, base in zip(cpu[name], old, strict=True)]
+        ratios[f"{name}/baseline"] = each
+        print(
+            f"\n{name} against {name}{BASELINE}: {statistics.median(each):.2f}x "
             f"(rounds {min(each):.2f}-{max(each):.2f}x)",
             end="",
         )

@@ -16,6 +16,7 @@ from assistant import engines, internals, probes  # noqa: E402
 from assistant.collector import collector_settle  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.latency_probe import latency_probe  # noqa: E402
+from assistant.lifespan import SHUTDOWN_STORE_S, lifespan  # noqa: E402
 from assistant.openai_api import OpenAIRouter  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
 from assistant.services.background import drain  # noqa: E402
@@ -31,8 +32,9 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
 # Under Daphne: when the process is asked to stop, Daphne cancels the open requests first; then
 # the answers they leave behind are stored before the reactor stops (bounded, 5 s). Under another
-# server no Twisted reactor runs, and this never fires.
-internals.await_at_shutdown(lambda: drain(within_s=5.0))
+# server no Twisted reactor runs, and this never fires: uvicorn sends ``lifespan.shutdown``
+# instead (assistant/lifespan.py).
+internals.await_at_shutdown(lambda: drain(within_s=SHUTDOWN_STORE_S))
 
 # Load the models now, once per process, so the first student does not wait for them.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":
@@ -63,5 +65,6 @@ application = ProtocolTypeRouter(
                 re_path(r"", django_application),
             ]
         ),
+        "lifespan": lifespan,
     }
 )

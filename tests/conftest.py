@@ -1,6 +1,7 @@
 import os
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -82,21 +83,37 @@ def _site_language_after_each_test() -> Iterator[None]:
     translation.deactivate()
 
 
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected loopback TCP pair: (the server's end, the client's end)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+    try:
+        yield accepted, client
+    finally:
+        accepted.close()
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def output_dir() -> Path:
     OUTPUT.mkdir(exist_ok=True)
     return OUTPUT
 
 
-def _daphne_starter(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """Start Daphne workers on the tests' database; each is stopped when the fixture ends."""
+def _daphne_starter(tmp_path_factory: pytest.TempPathFactory, *, uvicorn: bool = False) -> Iterator:
+    """Start Daphne workers (``uvicorn``: the same application under uvicorn) on the tests'
+    database; each is stopped when the fixture ends."""
     from django.db import connection
 
     servers: list[LiveServer] = []
-    workdir = tmp_path_factory.mktemp("daphne")
+    workdir = tmp_path_factory.mktemp("uvicorn" if uvicorn else "daphne")
 
     def start(**env: str) -> LiveServer:
-        server = start_daphne(workdir=workdir, db_path=connection.settings_dict["NAME"], env=env)
+        server = start_daphne(
+            workdir=workdir, db_path=connection.settings_dict["NAME"], env=env, uvicorn=uvicorn
+        )
         servers.append(server)
         return server
 
@@ -111,6 +128,20 @@ def daphne_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -
     worker keeps up to CHATSITE_DB_POOL_SIZE connections open and the server allows 100 in
     all, so a whole run's workers must not all live until its end."""
     yield from _daphne_starter(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def uvicorn_factory(django_db_setup: None, django_db_blocker, tmp_path_factory) -> Iterator:
+    """``daphne_factory``'s workers under uvicorn instead (its production settings: uvloop,
+    httptools where installed, the lifespan protocol, CHATSITE_DRAIN_S to finish at SIGTERM)."""
+    yield from _daphne_starter(tmp_path_factory, uvicorn=True)
+
+
+@pytest.fixture
+def worker_factory(request: pytest.FixtureRequest) -> Any:
+    """The factory of the server a test is parametrized with (``server_kind``: daphne or
+    uvicorn)."""
+    return request.getfixturevalue(f"{request.getfixturevalue('server_kind')}_factory")
 
 
 @pytest.fixture(scope="session")

@@ -54,11 +54,21 @@ TEST_SETTINGS = {
 
 
 def start_daphne(
-    *, workdir: Path, db_path: str, env: dict[str, str] | None = None, port: int | None = None
+    *,
+    workdir: Path,
+    db_path: str,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    uvicorn: bool = False,
 ) -> LiveServer:
-    """``assistant.benchmarking.servers.start_daphne`` with ``TEST_SETTINGS`` under ``env``."""
+    """``assistant.benchmarking.servers.start_daphne`` with ``TEST_SETTINGS`` under ``env``
+    (``uvicorn``: the same application under uvicorn instead)."""
     return servers.start_daphne(
-        workdir=workdir, db_path=db_path, env={**TEST_SETTINGS, **(env or {})}, port=port
+        workdir=workdir,
+        db_path=db_path,
+        env={**TEST_SETTINGS, **(env or {})},
+        port=port,
+        uvicorn=uvicorn,
     )
 
 

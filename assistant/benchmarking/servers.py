@@ -238,7 +238,10 @@ def start_daphne(
         **env,
     }
     if uvicorn:
+        # Answers in flight at SIGTERM get CHATSITE_DRAIN_S to finish, as under chatsite.server.
+        drain_s = str(round(float(full_env.get("CHATSITE_DRAIN_S", "25"))))
         command = ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--timeout-graceful-shutdown", drain_s]
     else:
         command = ["chatsite.server", "-b", "127.0.0.1", "-p", str(port)]
     process = subprocess.Popen(

@@ -48,7 +48,7 @@ from assistant.services.persistence import rows_store
 from assistant.services.seats import Seat
 from assistant.services.telemetry import AnswerSummary, stream_observe
 from assistant.services.timings import StreamTimings, now
-from assistant.transport import ClientConnection
+from assistant.transport import ClientConnection, UnreadWatch
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Answer:
     _live: _Live | None = None
     #: The connection of the listener that asked (live, or reading the buffer), while it
     #: listens: checked for a client that stopped reading as frames are produced.
-    _reader: ClientConnection | None = None
+    _reader: UnreadWatch | None = None
     _task: asyncio.Task[None] | None = None
     _question_stored: bool = False
     _slot_released: bool = False
@@ -154,7 +154,7 @@ class Answer:
             heartbeat = Heartbeat(live, ping_interval())
             beating = asyncio.create_task(heartbeat.run())
             self._live = _Live(live, heartbeat, beating)
-            self._reader = connection
+            self._reader = _watch(connection)
         try:
             frames = self._frames()
             async with aclosing(frames):
@@ -180,7 +180,7 @@ class Answer:
         if connection is not None:
             # Frames waiting in the buffer are unread by this client too: a reader that stalls
             # is noticed while the answer is still being generated, not only where it reads.
-            self._reader = connection.behind(self.buffer.unread)
+            self._reader = _watch(connection.behind(self.buffer.unread))
         background.spawn(self.run(), name=f"answer:{self.request_id}")
 
     async def listen(self, last_id: int = 0, *, asker: bool = False) -> AsyncIterator[bytes]:
@@ -241,16 +241,16 @@ class Answer:
         self._reader = None
         self.buffer.detach()
 
-    def _fell_behind(self, connection: ClientConnection) -> bool:
-        """Whether ``connection`` has more of the answer unread than allowed; then it is
+    def _fell_behind(self, reader: UnreadWatch) -> bool:
+        """Whether ``reader``'s client has more of the answer unread than allowed; then it is
         dropped (with whatever is still buffered for it) and the answer ended."""
-        unsent = connection.unsent()
-        if unsent <= settings.CHATSITE_STREAM["MAX_UNSENT_BYTES"]:
+        unsent = reader.over()
+        if unsent is None:
             return False
         logger.warning(
             "Dropped a client that stopped reading %s: %d bytes unread", self.request_id, unsent
         )
-        connection.abort()
+        reader.connection.abort()
         self._end_early(SLOW_CLIENT)
         return True
 
@@ -264,8 +264,10 @@ class Answer:
             live.heartbeat.beat()
             self.buffer.sent()
         reader = self._reader
-        if reader is not None and token_id is not None and self._fell_behind(reader):
-            self._drop_live()
+        if reader is not None:
+            reader.produced(len(frame))
+            if token_id is not None and self._fell_behind(reader):
+                self._drop_live()
 
     async def _next_delta(self, limit: float) -> Delta:
         """The engine's next delta within ``limit`` s; ``Ended`` when an early end cut the
@@ -435,3 +437,11 @@ class Answer:
             message_id=self.exchange.answer_message_id,
             timings=self.timings,
         )
+
+
+def _watch(connection: ClientConnection | None) -> UnreadWatch | None:
+    """The check for a client that stopped reading, on ``connection`` (None: a server whose
+    connection is not found, no check)."""
+    if connection is None:
+        return None
+    return UnreadWatch(connection, settings.CHATSITE_STREAM["MAX_UNSENT_BYTES"])

@@ -15,6 +15,8 @@ one of them, its test fails by name, before a stream misbehaves in production.
   process; ``listener_close`` (``tcp.Port``'s accept loop, over a real listening socket).
 - Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
 - Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
+- uvicorn, a real ``Server`` on loopback with each of its HTTP parsers: ``uvicorn_socket`` (the
+  connection behind ``send``).
 """
 
 import asyncio
@@ -131,19 +133,6 @@ def test_buffered_bytes_follows_twisteds_write_buffers() -> None:
 
 
 # --- Linux: the kernel's send queue --------------------------------------------------------
-
-
-@pytest.fixture
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    """A connected loopback TCP pair: (the server's end, the client's end)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        accepted, _ = listener.accept()
-    try:
-        yield accepted, client
-    finally:
-        accepted.close()
-        client.close()
 
 
 def test_kernel_unsent_counts_what_the_peer_has_not_taken(tcp_pair: Any) -> None:
@@ -537,3 +526,37 @@ def test_consumer_handler_is_the_method_channels_dispatch_would_call() -> None:
     dispatch = inspect.getsource(AsyncConsumer.dispatch)
     assert "get_handler_name(message)" in dispatch
     assert "aclose_old_connections()" in dispatch
+
+
+# --- uvicorn: a real server on loopback ------------------------------------------------------
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_uvicorn_socket_finds_the_connection_behind_send(parser: str) -> None:
+    import uvicorn
+
+    found: list[Any] = []
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        transport, fd = internals.uvicorn_socket(send) or (None, -1)
+        with socket.socket(fileno=os.dup(fd)) as server_end:
+            found.append((transport.get_write_buffer_size(), server_end.getpeername()))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(application, http=parser, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    listener = socket.create_server(("127.0.0.1", 0))  # connections wait until it serves
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 204")
+        client_end = writer.get_extra_info("sockname")
+        writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+
+    assert found == [(0, client_end)]  # its buffer, and the socket the client connected to
+    assert internals.uvicorn_socket(application) is None

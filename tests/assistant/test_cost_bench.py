@@ -14,7 +14,7 @@ import pytest
 
 from assistant.benchmarking.frames import SSEParser
 from benchmarks.added_latency import body_pieces, build_request, one_request, peer_start
-from benchmarks.cost_per_answer import floor_of, server_spec
+from benchmarks.cost_per_answer import baselines, floor_of, server_spec
 from tests.support import ChatClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +81,18 @@ def test_each_chatsite_server_is_measured_against_its_own_floor() -> None:
     assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", measured) == "uvicorn-raw"
     assert floor_of("uvicorn", "uvicorn", measured) is None
     assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", {}) is None
+
+
+def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() -> None:
+    named = ["daphne-raw", "chatsite", "uvicorn-raw", "chatsite-uvicorn", "uvicorn"]
+    assert baselines(named) == {
+        "chatsite-baseline": ("chatsite", {}),
+        "chatsite-uvicorn-baseline": ("chatsite-uvicorn", {}),
+    }
+    assert baselines(["chatsite:CHATSITE_EVENT_LOOP=asyncio", "uvicorn"]) == {}
+    measured = {"daphne-raw": [1.0], "uvicorn-raw": [1.0]}
+    assert floor_of("chatsite-baseline", "chatsite", measured) == "daphne-raw"
+    assert floor_of("chatsite-uvicorn-baseline", "chatsite-uvicorn", measured) == "uvicorn-raw"
 
 
 def test_the_answer_path_benchmark_answers_in_process() -> None:

@@ -310,15 +310,18 @@ def test_an_upstream_that_never_answers_times_out_the_first_token(daphne_factory
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
 @pytest.mark.parametrize("path", ["direct", "django"])
 def test_a_worker_stopped_mid_answer_keeps_the_question_and_the_partial_answer(
-    daphne_factory, daphne: LiveServer, path: str
+    worker_factory, daphne: LiveServer, path: str, server_kind: str
 ) -> None:
     """SIGTERM to a worker streaming a long answer: the student's stream ends (no hang), the
     engine is stopped, the worker exits, and a new worker on the same database shows the
-    question and the partial answer (status partial) in GET /api/conversations/<id>."""
-    old = daphne_factory()
-    tag = f"sigterm-{path}"
+    question and the partial answer (status partial) in GET /api/conversations/<id>. Under
+    uvicorn too: its graceful shutdown cancels the answer after CHATSITE_DRAIN_S, and the
+    lifespan protocol's shutdown stores what it leaves (assistant/lifespan.py)."""
+    old = worker_factory()
+    tag = f"sigterm-{path}-{server_kind}"
     client = ChatClient(old)
     try:
         stream = client.raw(

@@ -4,6 +4,7 @@ says when to try again, and an engine that goes silent ends its stream with an e
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -167,18 +168,39 @@ def test_the_engine_takes_streams_again_once_they_end(strict: LiveServer, transa
                 student.close()
 
 
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
 def test_a_client_that_stops_reading_is_dropped_and_others_are_not_held_up(
-    daphne_factory, transactional_db, url: str
+    worker_factory, transactional_db, url: str, server_kind: str
 ) -> None:
     """A reader with a tiny window that reads nothing: once 64 KiB wait unread the stream ends
     (engine cancelled, outcome slow_client); a student streaming meanwhile is unaffected."""
+    server: LiveServer = worker_factory(CHATSITE_MAX_UNSENT_BYTES="65536")
+    # 800 KB of answer, sent as fast as the engine can.
+    _stalled_reader_dropped(server, url, tokens=400, size=2000)
+
+
+def test_under_uvicorn_the_limit_is_met_before_its_send_waits(
+    uvicorn_factory, transactional_db
+) -> None:
+    """uvicorn's ``send`` waits once its transport holds 64 KiB (its flow control): with a limit
+    above what the kernel's send buffer can hold, a stalled reader's answer would wait there
+    for good, below the limit. chatsite raises the transport's mark above the limit, so the
+    reader is dropped as under Daphne."""
+    kernel_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    limit = 2 * kernel_max
+    server: LiveServer = uvicorn_factory(CHATSITE_MAX_UNSENT_BYTES=str(limit))
+    size = 65536
+    _stalled_reader_dropped(server, "/api/chat/stream/direct", tokens=3 * limit // size, size=size)
+
+
+def _stalled_reader_dropped(server: LiveServer, url: str, *, tokens: int, size: int) -> None:
     import socket
 
-    server: LiveServer = daphne_factory(CHATSITE_MAX_UNSENT_BYTES="65536")
     stalled, other = ChatClient(server), ChatClient(server)
-    tag = f"stalled-{url[-6:]}"
-    # 800 KB of answer, sent as fast as the engine can.
-    body = json.dumps({"message": f"[scripted tokens=400 size=2000 ttft_ms=0 itl_ms=0 tag={tag}]"})
+    tag = f"stalled-{url[-6:]}-{tokens}"
+    body = json.dumps(
+        {"message": f"[scripted tokens={tokens} size={size} ttft_ms=0 itl_ms=0 tag={tag}]"}
+    )
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
@@ -191,7 +213,7 @@ def test_a_client_that_stops_reading_is_dropped_and_others_are_not_held_up(
     try:
         sock.sendall(head.encode() + body.encode())
         cancel = server.wait_engine_event(tag, "cancel", timeout=10)
-        assert cancel["tokens"] < 400
+        assert cancel["tokens"] < tokens
         events = other.ask("[scripted tokens=5 ttft_ms=0 itl_ms=0] still there?", url=url)
         assert events[-1].event == "done"
         record = wait_for(lambda: StreamRecord.objects.filter(outcome="slow_client").first())

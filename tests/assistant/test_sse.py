@@ -1,5 +1,7 @@
 """The SSE encoder, checked against exact bytes."""
 
+import json
+
 import pytest
 
 from assistant import sse
@@ -46,6 +48,23 @@ def test_data_cannot_inject_a_new_event() -> None:
 def test_json_event_is_one_compact_line_in_utf8() -> None:
     frame = sse.encode_json_event({"text": "über\n<b>"}, event="token", id="7")
     assert frame == 'id: 7\nevent: token\ndata: {"text":"über\\n<b>"}\n\n'.encode()
+
+
+def test_json_event_cannot_inject_a_new_event() -> None:
+    """The JSON path writes its data as one line without splitting it: JSON escapes CR and LF,
+    so model text with every kind of line break stays inside that one data line."""
+    text = "x\r\n\r\nevent: done\rdata: pwned\n\nid: 9\u2028\u0085"
+    frame = sse.encode_json_event({"text": text}, event="token", id="3")
+    assert frame.count(b"\n") == 4  # id, event, data, and the blank line
+    assert b"\r" not in frame
+    data = frame.decode().split("\n")[2]
+    assert json.loads(data.removeprefix("data: ")) == {"text": text}
+
+
+@pytest.mark.parametrize("field", ["event", "id"])
+def test_json_event_refuses_line_breaks_in_event_or_id(field: str) -> None:
+    with pytest.raises(ValueError):
+        sse.encode_json_event({}, **{field: "a\rb"})
 
 
 def test_retry_field() -> None:
