@@ -18,6 +18,7 @@ Twisted's asyncio reactor).
 
 import asyncio
 import fcntl
+import socket
 import struct
 import sys
 import termios
@@ -93,25 +94,33 @@ def daphne_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
 # --- uvicorn: the connection behind the application's ``send`` ---------------------------
 
 
+#: uvicorn's HTTP/1.1 protocols, each of whose connections carries one request at a time. (Its
+#: HTTP/2 one shares a transport between streams: not one client's buffer to read or drop.)
+UVICORN_HTTP1 = (
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.http.h11_impl",
+)
+
+
 def uvicorn_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
     """The asyncio transport and socket file descriptor of the TCP connection behind uvicorn's
-    ASGI ``send``; None under another server, or when the transport has no socket (a Unix
-    socket's has one too; TLS's has none this can read).
+    ASGI ``send``; None under another server, over HTTP/2, TLS or a Unix socket (whose
+    ``TIOCOUTQ`` counts the kernel's memory, not the bytes queued).
 
-    Relies on uvicorn's ``RequestResponseCycle`` (its httptools and h11 protocols alike) handing
-    the application its own bound ``send`` method and keeping the connection's transport as
-    ``transport``; the transport's buffer is read and bounded through asyncio's public
+    Relies on uvicorn's ``RequestResponseCycle`` (of its httptools and h11 protocols alike)
+    handing the application its own bound ``send`` method and keeping the connection's transport
+    as ``transport``; the transport's buffer is read and bounded through asyncio's public
     ``WriteTransport`` calls (``get_write_buffer_size``, ``set_write_buffer_limits``, ``abort``).
     """
     cycle = getattr(send, "__self__", None)
     kind = type(cycle)
-    if kind.__name__ != "RequestResponseCycle" or not kind.__module__.startswith("uvicorn."):
+    if kind.__name__ != "RequestResponseCycle" or kind.__module__ not in UVICORN_HTTP1:
         return None
     transport = getattr(cycle, "transport", None)
     if transport is None or transport.get_extra_info("sslcontext") is not None:
         return None
     sock = transport.get_extra_info("socket")
-    if sock is None:
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return None
     return transport, sock.fileno()
 

@@ -10,6 +10,7 @@ that one ends, so none outlives its run.
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -238,8 +239,9 @@ def start_daphne(
         **env,
     }
     if uvicorn:
-        # Answers in flight at SIGTERM get CHATSITE_DRAIN_S to finish, as under chatsite.server.
-        drain_s = str(round(float(full_env.get("CHATSITE_DRAIN_S", "25"))))
+        # Answers in flight at SIGTERM get CHATSITE_DRAIN_S to finish, as under chatsite.server
+        # (uvicorn reads no setting of chatsite's, and by default waits for every connection).
+        drain_s = str(max(1, math.ceil(float(full_env.get("CHATSITE_DRAIN_S", "25")))))
         command = ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--timeout-graceful-shutdown", drain_s]
     else:

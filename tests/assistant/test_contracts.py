@@ -531,32 +531,67 @@ def test_consumer_handler_is_the_method_channels_dispatch_would_call() -> None:
 # --- uvicorn: a real server on loopback ------------------------------------------------------
 
 
-@pytest.mark.parametrize("parser", ["h11", "httptools"])
-async def test_uvicorn_socket_finds_the_connection_behind_send(parser: str) -> None:
+async def _uvicorn_found(parser: str, unix: Path | None = None) -> list[Any]:
+    """What ``uvicorn_socket`` found behind ``send`` for one request to a real uvicorn with HTTP
+    parser ``parser``, over loopback TCP (or the Unix socket ``unix``): the transport's buffer
+    size and the peer of the socket found, or None."""
     import uvicorn
 
     found: list[Any] = []
 
     async def application(scope: Any, receive: Any, send: Any) -> None:
-        transport, fd = internals.uvicorn_socket(send) or (None, -1)
-        with socket.socket(fileno=os.dup(fd)) as server_end:
-            found.append((transport.get_write_buffer_size(), server_end.getpeername()))
+        connection = internals.uvicorn_socket(send)
+        if connection is None:
+            found.append(None)
+        else:
+            transport, fd = connection
+            with socket.socket(fileno=os.dup(fd)) as server_end:
+                found.append((transport.get_write_buffer_size(), server_end.getpeername()))
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
     config = uvicorn.Config(application, http=parser, lifespan="off", log_level="warning")
     server = uvicorn.Server(config)
-    listener = socket.create_server(("127.0.0.1", 0))  # connections wait until it serves
+    if unix is None:
+        listener = socket.create_server(("127.0.0.1", 0))  # connections wait until it serves
+    else:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(unix))
+        listener.listen()
     serving = asyncio.create_task(server.serve(sockets=[listener]))
     try:
-        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        if unix is None:
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+        else:
+            reader, writer = await asyncio.open_unix_connection(str(unix))
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert (await reader.read()).startswith(b"HTTP/1.1 204")
-        client_end = writer.get_extra_info("sockname")
+        found.append(writer.get_extra_info("sockname"))
         writer.close()
     finally:
         server.should_exit = True
         await serving
+    return found
 
-    assert found == [(0, client_end)]  # its buffer, and the socket the client connected to
-    assert internals.uvicorn_socket(application) is None
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+async def test_uvicorn_socket_finds_the_connection_behind_send(parser: str) -> None:
+    found, client_end = await _uvicorn_found(parser)
+    assert found == (0, client_end)  # its buffer, and the socket the client connected to
+
+
+async def test_uvicorn_socket_finds_nothing_over_a_unix_socket(tmp_path: Path) -> None:
+    """``TIOCOUTQ`` on a Unix socket counts the kernel's memory, not the bytes queued."""
+    found, _ = await _uvicorn_found("h11", unix=tmp_path / "uvicorn.sock")
+    assert found is None
+
+
+def test_uvicorn_socket_finds_nothing_behind_another_send() -> None:
+    """Another server's ``send``, and uvicorn's HTTP/2 cycle (one transport for many streams)."""
+
+    async def send(message: Any) -> None: ...
+
+    other = type("RequestResponseCycle", (), {"send": send, "transport": None})
+    other.__module__ = "uvicorn.protocols.http.zttp_h2_impl"
+    assert internals.uvicorn_socket(other().send) is None
+    assert internals.uvicorn_socket(send) is None
