@@ -72,6 +72,19 @@ def start_daphne(
     )
 
 
+class StubReactor:
+    """Enough of a Twisted reactor for descriptors that are never really polled (none is
+    installed)."""
+
+    def addReader(self, _: object) -> None: ...
+
+    def removeReader(self, _: object) -> None: ...
+
+    def addWriter(self, _: object) -> None: ...
+
+    def removeWriter(self, _: object) -> None: ...
+
+
 @dataclass
 class NginxServer(LiveServer):
     """nginx as a ``LiveServer``: ``ChatClient`` and ``raw_post`` work through it."""

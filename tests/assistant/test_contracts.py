@@ -51,6 +51,7 @@ from twisted.python.failure import Failure
 
 from assistant import errors, internals
 from assistant.http import csrf_error
+from tests.support import StubReactor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,18 +95,6 @@ def test_importing_internals_installs_no_reactor_and_reads_no_settings() -> None
 # --- Twisted: write buffers ----------------------------------------------------------------
 
 
-class _Reactor:
-    """Enough of a reactor for descriptors that are never really polled."""
-
-    def addReader(self, _: object) -> None: ...
-
-    def removeReader(self, _: object) -> None: ...
-
-    def addWriter(self, _: object) -> None: ...
-
-    def removeWriter(self, _: object) -> None: ...
-
-
 class _OneBytePerWrite(abstract.FileDescriptor):
     """A descriptor whose socket takes one byte per write, as a slow client's would."""
 
@@ -116,7 +105,7 @@ class _OneBytePerWrite(abstract.FileDescriptor):
 def test_buffered_bytes_follows_twisteds_write_buffers() -> None:
     """Bytes written count as buffered; each byte the socket takes leaves the count, whether it
     sits in Twisted's queue of pieces or in the joined buffer."""
-    transport = _OneBytePerWrite(reactor=_Reactor())
+    transport = _OneBytePerWrite(reactor=StubReactor())
     transport.connected = True
 
     assert internals.buffered_bytes(transport) == 0
@@ -183,7 +172,7 @@ def daphne_connection(tcp_pair: Any) -> Iterator[_Daphne]:
     factory = HTTPFactory(server)
     factory.reactor = Clock()  # the channel's own timeouts, never due
     channel = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-    transport = tcp.Server(accepted, channel, ("127.0.0.1", 50000), None, 1, _Reactor())
+    transport = tcp.Server(accepted, channel, ("127.0.0.1", 50000), None, 1, StubReactor())
     channel.makeConnection(transport)
     graph = _Daphne(server, transport)
     yield graph
@@ -373,8 +362,8 @@ def test_on_sigterm_replaces_twisteds_stop_once_running(tmp_path: Path) -> None:
     assert result.stdout.split() == ["drain", "called", "stopped"]
 
 
-class _ListeningReactor(_Reactor):
-    """``_Reactor`` that also runs what a port schedules for when it stops listening."""
+class _ListeningReactor(StubReactor):
+    """``StubReactor`` that also runs what a port schedules for when it stops listening."""
 
     def callLater(self, _delay: float, function: Any, *args: Any) -> None:
         function(*args)

@@ -14,16 +14,9 @@ from twisted.internet.abstract import FileDescriptor
 
 from assistant import internals
 from assistant.transport import ClientConnection, UnreadWatch
+from tests.support import StubReactor
 
 FRAME = b"x" * 4096
-
-
-class _Reactor:
-    """Enough of a reactor for a transport that is never polled (none is installed)."""
-
-    def addWriter(self, _: object) -> None: ...
-
-    def removeWriter(self, _: object) -> None: ...
 
 
 @pytest.fixture
@@ -61,7 +54,7 @@ def test_a_client_that_keeps_up_is_asked_about_once_per_half_limit(
     tcp_pair: Any, asked: list[int]
 ) -> None:
     sender, client = tcp_pair
-    watch = UnreadWatch(_connection(FileDescriptor(reactor=_Reactor()), sender), 64 * 1024)
+    watch = UnreadWatch(_connection(FileDescriptor(reactor=StubReactor()), sender), 64 * 1024)
 
     assert watch.over() is None  # the first check asks: nothing is known yet
     assert asked == [0]
@@ -81,7 +74,7 @@ def test_a_client_that_stops_reading_is_found_at_the_same_frame(
     sender, _client = tcp_pair  # the client never reads
     sender.setblocking(False)
     limit = 256 * 1024
-    transport = FileDescriptor(reactor=_Reactor())
+    transport = FileDescriptor(reactor=StubReactor())
     connection = _connection(transport, sender)
     watch = UnreadWatch(connection, limit)
 
