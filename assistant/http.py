@@ -5,6 +5,7 @@ import functools
 import io
 import json
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 from django.conf import settings
@@ -194,6 +195,21 @@ def json_error(
     refusal(error)
     body = error.body() if not fields else json.dumps({**error.payload(), **fields}).encode()
     return error.status, json_headers(extra), body
+
+
+def raw_error_response(error: errors.ApiError, scope: Any) -> bytes:
+    """``error`` as a whole HTTP/1.1 response that closes its connection, for a server layer to
+    write straight to the socket (a request refused before the application sees it)."""
+    _status, headers, body = json_error(error)
+    head = [
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"connection", b"close"),
+        *headers,
+        *security_headers(scope),
+    ]
+    status_line = f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}".encode("ascii")
+    lines = [status_line, *(name + b": " + value for name, value in head)]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 def api_error(error: errors.ApiError, extra: Headers | None = None, **fields: Any) -> HttpResponse:

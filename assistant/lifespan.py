@@ -1,7 +1,8 @@
 """The ASGI lifespan protocol, for a server that speaks it (uvicorn; Daphne does not).
 
 At shutdown such a server first stops accepting and lets the open requests end (uvicorn: for up
-to ``--timeout-graceful-shutdown`` seconds, then cancels them, and each cancelled answer stops
+to ``--timeout-graceful-shutdown`` seconds, which ``chatsite.uvicorn_server`` sets from
+``CHATSITE_DRAIN_S``, then cancels them, and each cancelled answer stops
 and stores what was said). Then it sends ``lifespan.shutdown``: the answers those requests leave
 behind (a detached one kept for a resume, the stores of those just ended) are stopped and
 stored here before the process exits, within ``SHUTDOWN_STORE_S``, as Daphne's shutdown does

@@ -2,16 +2,16 @@
 
 Two scenarios, each on loopback, bounded in requests and in time:
 
-* ``production``: deploy/loopback_stack brings up nginx, ``--workers`` Daphne workers,
-  PostgreSQL and Redis, the workers on the scripted engine (``--ttft-ms`` to the first token,
-  then ``--tokens`` tokens ``--itl-ms`` apart: 20 tokens/s by default). For each ``--streams``
-  level, that many students (each its own cookies and session) ask in a closed loop until
-  ``--rounds`` times that many questions have been asked, or ``--cap-s`` has passed. Then
-  the largest level runs against one worker with no nginx in front (``--setups direct``).
-  The workers' limits are set so that none refuses the load by design (MAX_STREAMS = the
-  largest level, whichever worker gets it); per-session limits keep their defaults. Students
-  load the page 50 at a time before asking; a burst of as many first visits as students is
-  measured on its own before each level.
+* ``production``: deploy/loopback_stack brings up nginx, ``--workers`` workers (Daphne, or
+  uvicorn with ``--server uvicorn``), PostgreSQL and Redis, the workers on the scripted engine
+  (``--ttft-ms`` to the first token, then ``--tokens`` tokens ``--itl-ms`` apart: 20 tokens/s by
+  default). For each ``--streams`` level, that many students (each its own cookies and session)
+  ask in a closed loop until ``--rounds`` times that many questions have been asked, or
+  ``--cap-s`` has passed. Then the largest level runs against one worker with no nginx in front
+  (``--setups direct``). The workers' limits are set so that none refuses the load by design
+  (MAX_STREAMS = the largest level, whichever worker gets it); per-session limits keep their
+  defaults. Students load the page 50 at a time before asking; a burst of as many first visits
+  as students is measured on its own before each level.
 * ``embedded``: one Daphne worker on the llama.cpp engine (SmolLM2 on the CPU, answers of
   ``--max-tokens``), ``--students`` students asking once each, all at once. The engine decodes
   one answer at a time; the others wait in line, told their place by ``event: queue``.
@@ -60,7 +60,11 @@ from assistant.benchmarking import (  # noqa: E402
 )
 from assistant.benchmarking.client import Student  # noqa: E402
 from assistant.benchmarking.servers import start_daphne  # noqa: E402
-from deploy.loopback_stack import WORKER_CONNECTIONS, LoopbackStack  # noqa: E402
+from deploy.loopback_stack import (  # noqa: E402
+    WORKER_CONNECTIONS,
+    LoopbackStack,
+    add_server_option,
+)
 
 TICK = os.sysconf("SC_CLK_TCK")
 #: Students who share one address, as a class behind its school's NAT.
@@ -521,7 +525,7 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
     }
     setups = []
     if "nginx" in args.setups:
-        label = f"nginx + {args.workers} worker" + ("s" if args.workers > 1 else "")
+        label = f"nginx + {args.workers} {args.server} worker" + ("s" if args.workers > 1 else "")
         setups.append((label, args.workers, False, args.streams))
     if "direct" in args.setups:
         setups.append(("1 worker, no nginx", 1, True, [largest]))
@@ -533,6 +537,7 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
             LoopbackStack(
                 Path(tmp) / "stack",
                 workers=workers,
+                server=args.server,
                 env=env,
                 # Two connections per stream, and the page loads and idle upstream ones.
                 worker_connections=max(WORKER_CONNECTIONS, 3 * largest),
@@ -669,7 +674,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenario", nargs="*", choices=["production", "embedded"])
     parser.add_argument("--streams", type=int, nargs="+", default=[100, 500, 1000])
-    parser.add_argument("--workers", type=int, default=2, help="Daphne workers behind nginx")
+    parser.add_argument("--workers", type=int, default=2, help="workers behind nginx")
+    add_server_option(parser)
     parser.add_argument("--rounds", type=int, default=3, help="questions per student")
     parser.add_argument(
         "--setups",

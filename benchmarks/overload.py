@@ -1,8 +1,9 @@
 """Overload: bursts far above what the site serves at once, through nginx, and what each is told.
 
-deploy/loopback_stack as shipped (nginx, ``--workers`` Daphne workers, PostgreSQL and Redis),
-the workers on the scripted engine (100 ms to the first token, then 20 tokens 50 ms apart), every
-limit at its default. Two bursts, each at one moment:
+deploy/loopback_stack as shipped (nginx, ``--workers`` workers, Daphne's or with ``--server
+uvicorn`` uvicorn's, PostgreSQL and Redis), the workers on the scripted engine (100 ms to the
+first token, then 20 tokens 50 ms apart), every limit at its default. Two bursts, each at one
+moment:
 
 1. ``--visits`` first visits: new browsers loading the page;
 2. ``--questions`` questions: students whose page is loaded (loaded beforehand, 50 at a time)
@@ -54,7 +55,11 @@ from assistant.benchmarking.overload import (  # noqa: E402
     ask_until_served,
     visit_until_served,
 )
-from deploy.loopback_stack import WORKER_CONNECTIONS, LoopbackStack  # noqa: E402
+from deploy.loopback_stack import (  # noqa: E402
+    WORKER_CONNECTIONS,
+    LoopbackStack,
+    add_server_option,
+)
 
 ENGINE = {
     "CHATSITE_SCRIPTED_TTFT_MS": "100",
@@ -172,7 +177,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--visits", type=int, default=1000, help="first visits at once")
     parser.add_argument("--questions", type=int, default=1000, help="questions at once")
-    parser.add_argument("--workers", type=int, default=2, help="Daphne workers behind nginx")
+    parser.add_argument("--workers", type=int, default=2, help="workers behind nginx")
+    add_server_option(parser)
     parser.add_argument("--cap-s", type=float, default=180, help="for the refused to be served")
     parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the workers")
     parser.add_argument("--max-wait-s", type=float, default=1800)
@@ -189,6 +195,7 @@ def main() -> None:
         LoopbackStack(
             Path(tmp) / "stack",
             workers=args.workers,
+            server=args.server,
             env=env,
             worker_connections=max(WORKER_CONNECTIONS, 3 * largest),
         ) as stack,

@@ -62,15 +62,7 @@ def request_refuse_late(request: WebRequest) -> None:
 
     transport = internals.request_transport(request)
     transport.pauseProducing()  # read no more of this connection
-    _status, headers, body = http.json_error(errors.REQUEST_TIMEOUT)
-    head = [
-        (b"content-length", str(len(body)).encode("ascii")),
-        (b"connection", b"close"),
-        *headers,
-        *http.security_headers(_request_scope(request)),
-    ]
-    lines = [b"HTTP/1.1 408 Request Timeout", *(name + b": " + value for name, value in head)]
-    transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+    transport.write(http.raw_error_response(errors.REQUEST_TIMEOUT, _request_scope(request)))
     transport.loseConnection()
 
 

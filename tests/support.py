@@ -560,3 +560,14 @@ class ModelServer:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def staff_cookies(username: str) -> tuple[Any, dict[str, str]]:
+    """A new staff user and the session cookie of a login as them."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(username, is_staff=True)
+    client = Client()
+    client.force_login(user)
+    return user, {"sessionid": client.cookies["sessionid"].value}

@@ -218,8 +218,8 @@ def start_daphne(
     setting is the settings' default or the environment's, and ``env`` overrides them all.
     Logs and the engine's records go to ``workdir``. ``root`` is the checkout whose code runs
     (another one compares two versions in one run); ``port``, a port to serve on again (a
-    worker restarted), else a free one. ``uvicorn``: the same application under uvicorn (with
-    uvloop and httptools where installed) instead, for the benchmarks' comparisons."""
+    worker restarted), else a free one. ``uvicorn``: the same application under uvicorn instead,
+    as ``python -m chatsite.uvicorn_server`` runs it in production."""
     port = port or free_port()
     events_file = workdir / f"engine-events-{port}.jsonl"
     log_file = workdir / f"daphne-{port}-{time.monotonic_ns()}.log"
@@ -238,16 +238,19 @@ def start_daphne(
         "PYTHONUNBUFFERED": "1",
         **env,
     }
-    if uvicorn:
-        # Answers in flight at SIGTERM get CHATSITE_DRAIN_S to finish, as under chatsite.server
-        # (uvicorn reads no setting of chatsite's, and by default waits for every connection).
+    if uvicorn and (root / "chatsite" / "uvicorn_server.py").exists():
+        # The production worker: it reads chatsite's settings (CHATSITE_DRAIN_S and the rest).
+        command = ["chatsite.uvicorn_server", "--host", "127.0.0.1", "--port", str(port)]
+    elif uvicorn:
+        # An older checkout (``root``) without it: uvicorn's own command, given the drain.
         drain_s = str(max(1, math.ceil(float(full_env.get("CHATSITE_DRAIN_S", "25")))))
         command = ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
-        command += ["--timeout-graceful-shutdown", drain_s]
+        command += ["--timeout-graceful-shutdown", drain_s, "chatsite.asgi:application"]
     else:
         command = ["chatsite.server", "-b", "127.0.0.1", "-p", str(port)]
+        command += ["chatsite.asgi:application"]
     process = subprocess.Popen(
-        [sys.executable, "-m", *command, "chatsite.asgi:application"],
+        [sys.executable, "-m", *command],
         cwd=root,
         env=full_env,
         stdout=log_file.open("wb"),

@@ -1,6 +1,7 @@
 """docs/deploy.md performed on loopback, as an ordinary user, then torn down.
 
-    .venv/bin/python -m deploy.loopback_stack up [--workers N] [--dir DIR] [--env NAME=VALUE ...]
+    .venv/bin/python -m deploy.loopback_stack up [--workers N] [--server daphne|uvicorn] [--dir DIR]
+        [--env NAME=VALUE ...]
     .venv/bin/python -m deploy.loopback_stack check [--dir DIR]
     .venv/bin/python -m deploy.loopback_stack down [--dir DIR]
 
@@ -36,6 +37,7 @@ from .redis_db import REDIS
 from .report import StackError
 from .stack import LoopbackStack
 from .state import Process, State
+from .units import WORKER_UNITS, add_server_option
 
 __all__ = [
     "COMMANDS",
@@ -51,11 +53,13 @@ __all__ = [
     "STATIC_ROOT",
     "SYSTEMD_DIR",
     "WORKER_CONNECTIONS",
+    "WORKER_UNITS",
     "Edit",
     "LoopbackStack",
     "Process",
     "StackError",
     "State",
+    "add_server_option",
     "guide_commands",
     "nginx_args",
     "render",

@@ -15,6 +15,7 @@ from .layout import DEFAULT_DIR
 from .nginx import WORKER_CONNECTIONS
 from .report import StackError
 from .stack import LoopbackStack
+from .units import add_server_option
 
 
 def parse(argv: Iterable[str] | None) -> argparse.Namespace:
@@ -23,7 +24,8 @@ def parse(argv: Iterable[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("action", choices=["up", "check", "down"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"default {DEFAULT_DIR}")
-    parser.add_argument("--workers", type=int, default=2, help="Daphne workers (up only)")
+    parser.add_argument("--workers", type=int, default=2, help="workers (up only)")
+    add_server_option(parser)  # up only
     parser.add_argument(
         "--env",
         action="append",
@@ -47,6 +49,7 @@ def up(args: argparse.Namespace) -> None:
     stack = LoopbackStack(
         args.dir,
         workers=args.workers,
+        server=args.server,
         env=dict(item.split("=", 1) for item in args.env),
         worker_connections=args.worker_connections,
     )

@@ -27,11 +27,12 @@ from .processes import Supervisor
 from .redis_db import delete_redis_keys, ping
 from .report import StackError, say
 from .state import Process, State, load_state, save_state
-from .units import start_site, start_unit
+from .units import WORKER_UNITS, start_site, start_unit
 
 
 class LoopbackStack:
-    """chatsite behind nginx with ``workers`` Daphne workers, PostgreSQL and Redis, in ``work``.
+    """chatsite behind nginx with ``workers`` workers of ``server`` (daphne or uvicorn),
+    PostgreSQL and Redis, in ``work``.
 
     ``env``: lines set in the environment file after the loopback's own (what an operator
     would change in /etc/chatsite/env, e.g. ``CHATSITE_MAX_STREAMS``); ``worker_connections``:
@@ -43,12 +44,16 @@ class LoopbackStack:
         work: Path = DEFAULT_DIR,
         *,
         workers: int = 2,
+        server: str = "daphne",
         env: Mapping[str, str] | None = None,
         worker_connections: int = WORKER_CONNECTIONS,
         nginx_edits: Sequence[Edit] = (),
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
+        if server not in WORKER_UNITS:
+            raise ValueError(f"server is one of {', '.join(WORKER_UNITS)}, not {server!r}")
+        self.server = server
         self.layout = Layout(work.resolve())
         self.worker_count = workers
         self.extra_env = dict(env or {})
@@ -66,6 +71,7 @@ class LoopbackStack:
         stack.state = load_state(stack.state_file)
         if stack.state is not None:
             stack.worker_count = len(stack.state.workers)
+            stack.server = stack.state.server
         return stack
 
     # --- where things are
@@ -176,6 +182,7 @@ class LoopbackStack:
             workers=[free_port() for _ in range(self.worker_count)],
             port=free_port(),
             created_static_root=not STATIC_ROOT.exists(),
+            server=self.server,
         )
         self._save()
         self.shell("compileall")
@@ -184,7 +191,7 @@ class LoopbackStack:
         self._environment()
         self.manage("migrate")
         self.manage("collectstatic")
-        start_site(self.workers, self.layout, self._processes)
+        start_site(self.workers, self.layout, self._processes, self.server)
         self._nginx()
         self._staff()
         say(f"up: {self.url}/ ({len(self.workers)} workers, folder {self.work})")

@@ -25,6 +25,8 @@ class State:
     port: int
     created_static_root: bool
     processes: dict[str, Process] = field(default_factory=dict)
+    # The workers' server: daphne (chatsite@PORT) or uvicorn (chatsite-uvicorn@PORT).
+    server: str = "daphne"
 
 
 def save_state(path: Path, state: State) -> None:

@@ -7,6 +7,7 @@ ExecStartPre= and ExecStart=, a oneshot run to the end and anything else kept ru
 what the shipped units use is supported; anything else is an error rather than a guess.
 """
 
+import argparse
 import re
 import shlex
 import subprocess
@@ -18,7 +19,19 @@ from .layout import DEFAULT_PATH, ROOT, SYSTEMD_DIR, Layout
 from .processes import Supervisor
 from .report import StackError, say, tail
 
-WORKER_UNIT = "chatsite@.service"
+#: The worker unit template of each server a site can run on.
+WORKER_UNITS = {"daphne": "chatsite@.service", "uvicorn": "chatsite-uvicorn@.service"}
+
+
+def add_server_option(parser: argparse.ArgumentParser) -> None:
+    """``--server daphne|uvicorn``: the workers' unit, for every command that brings a stack up."""
+    parser.add_argument(
+        "--server",
+        choices=list(WORKER_UNITS),
+        default="daphne",
+        help="the workers' server: chatsite@PORT (Daphne) or chatsite-uvicorn@PORT",
+    )
+
 
 Section = dict[str, list[str]]
 
@@ -132,14 +145,18 @@ def start_unit(unit: str, layout: Layout, supervisor: Supervisor) -> None:
             supervisor.spawn(unit, argv, cwd=workdir, env=env, log=log, umask=umask)
 
 
-def start_site(workers: list[int], layout: Layout, supervisor: Supervisor) -> None:
-    """``systemctl enable --now chatsite.target chatsite@PORT.service ...``: what the
-    workers require runs once, then every worker starts and is waited for."""
-    worker = read_unit(SYSTEMD_DIR / WORKER_UNIT).get("Unit", {})
+def start_site(
+    workers: list[int], layout: Layout, supervisor: Supervisor, server: str = "daphne"
+) -> None:
+    """``systemctl enable --now chatsite.target chatsite@PORT.service ...`` (``server``
+    uvicorn: ``chatsite-uvicorn@PORT.service``): what the workers require runs once, then every
+    worker starts and is waited for."""
+    template = WORKER_UNITS[server]
+    worker = read_unit(SYSTEMD_DIR / template).get("Unit", {})
     for line in worker.get("Requires", []):
         for unit in line.split():
             start_unit(unit, layout, supervisor)
-    names = [f"chatsite@{port}.service" for port in workers]
+    names = [template.replace("@.", f"@{port}.") for port in workers]
     for unit in names:
         start_unit(unit, layout, supervisor)
     for unit, port in zip(names, workers, strict=True):

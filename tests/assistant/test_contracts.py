@@ -16,7 +16,9 @@ one of them, its test fails by name, before a stream misbehaves in production.
 - Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
 - Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
 - uvicorn, a real ``Server`` on loopback with each of its HTTP parsers: ``uvicorn_socket`` (the
-  connection behind ``send``).
+  connection behind ``send``). And what ``chatsite/uvicorn_server.py`` overrides: the server's
+  signal handler, its tick, its wait for open requests, the httptools parser's callbacks
+  (its behaviour: tests/assistant/test_worker_stop.py and test_slow_requests.py).
 """
 
 import asyncio
@@ -584,3 +586,32 @@ def test_uvicorn_socket_finds_nothing_behind_another_send() -> None:
     other.__module__ = "uvicorn.protocols.http.zttp_h2_impl"
     assert internals.uvicorn_socket(other().send) is None
     assert internals.uvicorn_socket(send) is None
+
+
+def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
+    """``ChatsiteUvicorn`` replaces ``handle_exit`` (what ``capture_signals`` installs for SIGTERM
+    and SIGINT), extends ``on_tick`` (the main loop's) and ``_wait_tasks_to_complete`` (awaited by
+    ``shutdown`` under the graceful timeout, so code after it runs only if the drain ended in
+    time); ``ChatsiteHttpTools`` extends the parser's ``on_message_begin``/``on_message_complete``
+    and reads ``cycle.response_started``, ``scope``, ``client`` and ``transport``."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    from chatsite.uvicorn_server import ChatsiteHttpTools, ChatsiteUvicorn
+
+    assert "self.handle_exit" in inspect.getsource(uvicorn.Server.capture_signals)
+    assert "self.on_tick(" in inspect.getsource(uvicorn.Server.main_loop)
+    shutdown = inspect.getsource(uvicorn.Server.shutdown)
+    assert "wait_for(" in shutdown and "self._wait_tasks_to_complete()" in shutdown
+    assert "self.lifespan.shutdown()" in shutdown
+    assert inspect.iscoroutinefunction(uvicorn.Server._wait_tasks_to_complete)
+    for name in ("handle_exit", "on_tick", "shutdown", "_wait_tasks_to_complete"):
+        assert inspect.signature(getattr(ChatsiteUvicorn, name)).parameters.keys() >= (
+            inspect.signature(getattr(uvicorn.Server, name)).parameters.keys()
+        ), name
+    for name in ("on_message_begin", "on_message_complete"):
+        assert callable(getattr(HttpToolsProtocol, name)), name
+        assert getattr(ChatsiteHttpTools, name) is not getattr(HttpToolsProtocol, name)
+    init = inspect.getsource(HttpToolsProtocol.__init__)
+    assert all(f"self.{name}" in init for name in ("cycle", "scope", "client", "transport"))
+    assert "self.response_started" in inspect.getsource(RequestResponseCycle.__init__)

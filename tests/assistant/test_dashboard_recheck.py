@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django.test import Client
 
-from tests.support import LiveServer, SSEReader
+from tests.support import LiveServer, SSEReader, staff_cookies
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(scope="module")
 def server(daphne_factory: Callable[..., LiveServer]) -> LiveServer:
     return daphne_factory(CHATSITE_DASHBOARD_RECHECK_S="1")
-
-
-def staff_cookies(username: str) -> tuple[Any, dict[str, str]]:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    client = Client()
-    client.force_login(user)
-    return user, {"sessionid": client.cookies["sessionid"].value}
 
 
 def watch(

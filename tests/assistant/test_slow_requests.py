@@ -1,7 +1,8 @@
 """Slow and oversized requests, against a real Daphne (``python -m chatsite.server``) on raw
 sockets: a body trickled a byte at a time is answered 408 and its connection closed, on every
-path; a stream body over the limit is refused with 413 on both serving paths, by the router, before
-Django's handler reads it."""
+path, and under uvicorn (``python -m chatsite.uvicorn_server``) too; a stream body over the
+limit is refused with 413 on both serving paths, by the router, before Django's handler reads
+it."""
 
 import json
 import socket
@@ -20,9 +21,10 @@ STREAM_URLS = ("/api/chat/stream/direct", "/api/chat/stream/django")
 REQUEST_TIMEOUT_S = 2
 
 
-@pytest.fixture(scope="module")
-def slow_guarded(daphne_factory) -> LiveServer:
-    return daphne_factory(CHATSITE_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S))
+@pytest.fixture(scope="module", params=["daphne", "uvicorn"])
+def slow_guarded(request: pytest.FixtureRequest) -> LiveServer:
+    factory = request.getfixturevalue(f"{request.param}_factory")
+    return factory(CHATSITE_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S))
 
 
 def trickle(server: LiveServer, client: ChatClient, path: str) -> tuple[RawResponse, int, float]:
@@ -82,7 +84,7 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(
     finally:
         client.close()
     assert sent < 390  # refused long before the body could have been whole
-    assert REQUEST_TIMEOUT_S <= waited < 30  # the deadline, plus Daphne's 2 s check, loosely
+    assert REQUEST_TIMEOUT_S <= waited < 30  # the deadline, plus the server's check, loosely
 
 
 def test_a_request_that_arrives_in_time_is_served(slow_guarded: LiveServer) -> None:

@@ -1,6 +1,7 @@
-"""A rolling restart behind the real nginx: each worker drains on SIGTERM (chatsite/server.py),
-and 100 students being answered meanwhile, plus more asking during the restart, all get their
-whole answer, stored once.
+"""A rolling restart behind the real nginx: each worker drains on SIGTERM (chatsite/server.py;
+chatsite/uvicorn_server.py for the same test with uvicorn workers), and 100 students being
+answered meanwhile, plus more asking during the restart, all get their whole answer, stored
+once.
 
 Two workers behind deploy/nginx/chatsite.conf. 100 students ask at once (40 tokens 100 ms
 apart: about 4 s each); a second later worker A gets SIGTERM, and once it has exited a new A
@@ -35,9 +36,10 @@ def worker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("drain")
 
 
-@pytest.fixture
-def start(worker_dir: Path) -> Iterator[Callable[..., LiveServer]]:
-    """Start a worker (on ``port`` again, for a restart); every one is stopped at the end."""
+@pytest.fixture(params=["daphne", "uvicorn"])
+def start(worker_dir: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., LiveServer]]:
+    """Start a worker (on ``port`` again, for a restart) of the server the test runs with;
+    every one is stopped at the end."""
     started: list[LiveServer] = []
 
     def run(port: int | None = None) -> LiveServer:
@@ -46,6 +48,7 @@ def start(worker_dir: Path) -> Iterator[Callable[..., LiveServer]]:
             db_path=connection.settings_dict["NAME"],
             env={"CHATSITE_DRAIN_S": "20"},
             port=port,
+            uvicorn=request.param == "uvicorn",
         )
         started.append(server)
         return server

@@ -109,14 +109,16 @@ def test_guide_shows_every_command_the_stack_runs() -> None:
     assert not missing, "\n\n".join(missing)
 
 
-def test_up_check_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_up_check_down(tmp_path: Path, server: str) -> None:
     """`up`, `check` and `down` from the command line: the site answers through nginx with two
-    workers, and afterwards no database, role, Redis key, process or folder is left."""
+    workers (of each server's unit), and afterwards no database, role, Redis key, process or
+    folder is left."""
     folder = tmp_path / "stack"
 
-    def run(action: str) -> str:
+    def run(action: str, *extra: str) -> str:
         result = subprocess.run(
-            [*COMMAND, action, "--dir", str(folder)],
+            [*COMMAND, action, "--dir", str(folder), *extra],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -126,10 +128,14 @@ def test_up_check_down(tmp_path: Path) -> None:
         return result.stdout
 
     try:
-        url = run("up").strip()
+        url = run("up", "--server", server).strip()
         state = json.loads((folder / "state.json").read_text())
         assert state["name"] in databases() and state["name"] in roles()
         assert len(state["workers"]) == 2
+        unit = {"daphne": "chatsite@", "uvicorn": "chatsite-uvicorn@"}[server]
+        assert sorted(name for name in state["processes"] if "@" in name) == sorted(
+            f"{unit}{port}.service" for port in state["workers"]
+        ), state["processes"]
         names = ask(url, "[scripted tokens=4 ttft_ms=5 itl_ms=5] Are you there?")
         assert names[0] == "meta" and names.count("token") == 4 and names[-1] == "done", names
         found = json.loads(run("check"))

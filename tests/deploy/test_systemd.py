@@ -37,6 +37,7 @@ ENV_READERS = (
 )
 
 WORKER = "chatsite@.service"
+UVICORN_WORKER = "chatsite-uvicorn@.service"
 MIGRATE = "chatsite-migrate.service"
 METRICS_DIR = "chatsite-metrics-dir.service"
 TARGET = "chatsite.target"
@@ -46,12 +47,16 @@ PRUNE = "chatsite-prune.service"
 PRUNE_TIMER = "chatsite-prune.timer"
 SUMS = "chatsite-traffic-sum.service"
 SUMS_TIMER = "chatsite-traffic-sum.timer"
-# What verify loads: every shipped unit, the template as the two instances nginx proxies to.
+# What verify loads: every shipped unit, each worker template as two instances.
 VERIFIED = (
-    TARGET, "chatsite@8001.service", "chatsite@8002.service", MIGRATE, METRICS_DIR, MODEL, VLLM,
-    PRUNE, PRUNE_TIMER, SUMS, SUMS_TIMER,
+    TARGET, "chatsite@8001.service", "chatsite@8002.service", "chatsite-uvicorn@8011.service",
+    "chatsite-uvicorn@8012.service", MIGRATE, METRICS_DIR, MODEL, VLLM, PRUNE, PRUNE_TIMER, SUMS,
+    SUMS_TIMER,
 )  # fmt: skip
-CHATSITE_UNITS = ("chatsite@8001.service", MIGRATE, METRICS_DIR, MODEL, PRUNE, SUMS)
+CHATSITE_UNITS = (
+    "chatsite@8001.service", "chatsite-uvicorn@8011.service", MIGRATE, METRICS_DIR, MODEL, PRUNE,
+    SUMS,
+)  # fmt: skip
 
 # The example install's executables, and what a rendering runs instead (each must occur).
 EXAMPLE_EXECUTABLES = {
@@ -342,6 +347,27 @@ def test_worker_runs_daphne_on_loopback_at_its_instance_port() -> None:
         assert value(worker, "Service", key) == expected, key
     assert "chatsite.target" in words(worker, "Unit", "PartOf")
     assert "chatsite.target" in words(worker, "Install", "WantedBy")
+
+
+def test_uvicorn_worker_is_the_daphne_worker_but_for_its_command() -> None:
+    """chatsite-uvicorn@.service runs chatsite's uvicorn worker on 127.0.0.1:%i, and every other
+    line (dependencies, restarts, the stop timeout above the drain, the sandbox) is
+    chatsite@.service's: one cannot be hardened or mended without the other."""
+    daphne, uvicorn = unit(WORKER), unit(UVICORN_WORKER)
+    argv = exec_argv(uvicorn)
+    assert argv[:3] == ["/srv/chatsite/.venv/bin/python", "-m", "chatsite.uvicorn_server"]
+    assert flag_value(argv, "--host") == "127.0.0.1"
+    assert flag_value(argv, "--port") == "%i"
+    own = {("Unit", "Description"), ("Service", "ExecStart")}
+
+    def shared(parsed: Unit) -> dict[str, list[tuple[str, str]]]:
+        return {
+            section: [(k, v) for k, v in lines if (section, k) not in own]
+            for section, lines in parsed.items()
+        }
+
+    assert shared(uvicorn) == shared(daphne)
+    assert "uvicorn" in value(uvicorn, "Unit", "Description")
 
 
 def test_nginx_upstream_lists_the_verified_instances() -> None:

@@ -1,0 +1,179 @@
+"""uvicorn[standard] as chatsite runs it: ``python -m chatsite.uvicorn_server --port 8011``.
+
+The production worker beside ``chatsite.server`` (Daphne), with the same four additions, so
+that either serves a class the same way (deploy/systemd/chatsite-uvicorn@.service):
+
+**uvloop and httptools** (``CHATSITE_EVENT_LOOP``: ``uvloop``, or ``asyncio`` for asyncio's own
+loop). Under uvicorn, chatsite's CPU per answer and its first token at 50 students are below
+Daphne's (docs/performance.md).
+
+**A graceful drain**: on SIGTERM (or SIGINT) the worker stops accepting connections, so nginx
+sends new requests to the other workers; idle connections close at once and each busy one once
+its response ends; the staff dashboard's live streams end (their pages reconnect elsewhere); it
+goes on serving what it has open until nothing is left or ``CHATSITE_DRAIN_S`` (25 s) has
+passed; then what is still open is cancelled, every answer stored (``assistant/lifespan.py``),
+and the process exits 0. A second signal cancels what is open at once, and still stores it.
+uvicorn's own handling differs in two ways chatsite cannot have: a second SIGTERM there does not
+hurry the stop, and the process ends by raising the signal again, which skips ``atexit`` (the
+worker's live Prometheus gauges would never be marked dead).
+
+**A longer listen backlog**: ``CHATSITE_LISTEN_BACKLOG`` (2048).
+
+**A deadline for arriving**: a request whose line, headers and body have not all arrived within
+``CHATSITE_REQUEST_TIMEOUT_S`` (10 s) of its first byte is answered 408 (the API's JSON error)
+and its connection closed; the check runs once a second, so between 10 and 11 s.
+
+And as a worker behind nginx: idle connections are kept ``KEEP_ALIVE_S`` (uvicorn's default, 5 s,
+would close connections nginx keeps for 50 s, and a question nginx sends on one just as it closes
+is lost); no access log (nginx logs every request); no ``Server`` header; and uvicorn's
+proxy-headers middleware is off, since chatsite reads ``X-Forwarded-For`` itself, from
+``CHATSITE_TRUSTED_PROXIES`` only.
+
+Its server and protocol extend uvicorn's past their documented API (the signal handler, the
+tick, the wait for open requests, the httptools parser's callbacks): tests/assistant/
+test_contracts.py checks each against the installed uvicorn (``internals.CHECKED_AGAINST``).
+"""
+
+import argparse
+import logging
+import math
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from chatsite.event_loop import event_loop_install
+
+logger = logging.getLogger("assistant.server")
+
+#: Seconds an idle connection stays open: above nginx's keepalive_timeout (50 s), as Daphne's 60.
+KEEP_ALIVE_S = 60
+#: The ASGI application every worker serves.
+APPLICATION = "chatsite.asgi:application"
+
+
+class ChatsiteHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol, noting when the request now arriving began."""
+
+    arriving_since: float | None = None
+
+    def on_message_begin(self) -> None:
+        self.arriving_since = time.monotonic()
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self.arriving_since = None
+        super().on_message_complete()
+
+    def refuse_late(self) -> None:
+        """Answer 408 and close the connection; nothing more of it is read."""
+        from assistant import errors, http  # after Django's settings
+
+        self.arriving_since = None
+        self.transport.pause_reading()
+        self.transport.write(http.raw_error_response(errors.REQUEST_TIMEOUT, self.scope))
+        self.transport.close()
+
+
+def refuse_late_requests(connections: Iterable[object], limit_s: float, now: float) -> int:
+    """Refuse each request of ``connections`` still arriving ``limit_s`` after its first byte
+    (none whose response has begun); how many were."""
+    refused = 0
+    for connection in list(connections):
+        if not isinstance(connection, ChatsiteHttpTools):
+            continue
+        began = connection.arriving_since
+        if began is None or now - began < limit_s:
+            continue
+        cycle = connection.cycle
+        if cycle is not None and cycle.response_started:
+            continue
+        client = connection.client[0] if connection.client else "?"
+        logger.warning("Refused a request from %s that took over %g s to arrive", client, limit_s)
+        connection.refuse_late()
+        refused += 1
+    return refused
+
+
+class ChatsiteUvicorn(uvicorn.Server):
+    """uvicorn's server, draining as ``chatsite.server`` does and refusing late requests."""
+
+    def __init__(self, config: uvicorn.Config, *, request_timeout_s: float) -> None:
+        super().__init__(config)
+        self.request_timeout_s = request_timeout_s
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        from assistant.services.background import drain_begin
+
+        if not self.should_exit:
+            self.should_exit = True  # uvicorn stops accepting and drains (its ``shutdown``)
+            drain_begin()  # endless streams (the staff dashboard's) end now
+            return
+        logger.warning("Asked again to stop: stopping now")
+        for task in list(self.server_state.tasks):
+            task.cancel()  # each answer stops and stores; the lifespan shutdown waits for it
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % 10 == 0 and self.request_timeout_s > 0:  # once a second
+            refuse_late_requests(
+                self.server_state.connections, self.request_timeout_s, time.monotonic()
+            )
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        logger.info(
+            "Draining: accepting no more, %d requests open on %d connections, up to %g s",
+            len(self.server_state.tasks),
+            len(self.server_state.connections),
+            self.config.timeout_graceful_shutdown,
+        )
+        await super().shutdown(sockets)
+
+    async def _wait_tasks_to_complete(self) -> None:
+        # uvicorn's wait for the open requests, cancelled when the drain's time is up.
+        await super()._wait_tasks_to_complete()
+        logger.info("Drained: every open request has ended")
+
+
+def config(host: str, port: int) -> uvicorn.Config:
+    """The worker's uvicorn configuration, from chatsite's settings (the application is
+    imported, and Django set up, here)."""
+    loop = event_loop_install()
+    config = uvicorn.Config(
+        APPLICATION,
+        host=host,
+        port=port,
+        loop=loop,
+        http=ChatsiteHttpTools,
+        lifespan="on",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+    config.load()
+    from django.conf import settings
+
+    config.backlog = settings.CHATSITE_CLIENTS["LISTEN_BACKLOG"]
+    # uvicorn takes whole seconds; a drain is never cut shorter than asked.
+    config.timeout_graceful_shutdown = max(1, math.ceil(settings.CHATSITE_STREAM["DRAIN_S"]))
+    logger.info("Event loop: %s", loop)
+    return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m chatsite.uvicorn_server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    args = parser.parse_args(argv)
+    worker = config(args.host, args.port)
+    from django.conf import settings
+
+    ChatsiteUvicorn(worker, request_timeout_s=settings.CHATSITE_CLIENTS["REQUEST_TIMEOUT_S"]).run()
+
+
+if __name__ == "__main__":
+    main()
