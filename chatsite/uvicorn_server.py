@@ -35,6 +35,7 @@ test_contracts.py checks each against the installed uvicorn (``internals.CHECKED
 """
 
 import argparse
+import asyncio
 import logging
 import math
 import time
@@ -79,8 +80,10 @@ class ChatsiteHttpTools(HttpToolsProtocol):
 
 
 def refuse_late_requests(connections: Iterable[object], limit_s: float, now: float) -> int:
-    """Refuse each request of ``connections`` still arriving ``limit_s`` after its first byte
-    (none whose response has begun); how many were."""
+    """Refuse each request of ``connections`` still arriving ``limit_s`` after its first byte;
+    how many were. Not one whose response has begun, nor one the server itself stopped reading
+    (a request pipelined behind another one's answer, a body already buffered to uvicorn's
+    limit), nor one whose connection is closing."""
     refused = 0
     for connection in list(connections):
         if not isinstance(connection, ChatsiteHttpTools):
@@ -90,6 +93,8 @@ def refuse_late_requests(connections: Iterable[object], limit_s: float, now: flo
             continue
         cycle = connection.cycle
         if cycle is not None and cycle.response_started:
+            continue
+        if connection.pipeline or connection.flow.read_paused or connection.transport.is_closing():
             continue
         client = connection.client[0] if connection.client else "?"
         logger.warning("Refused a request from %s that took over %g s to arrive", client, limit_s)
@@ -101,27 +106,50 @@ def refuse_late_requests(connections: Iterable[object], limit_s: float, now: flo
 class ChatsiteUvicorn(uvicorn.Server):
     """uvicorn's server, draining as ``chatsite.server`` does and refusing late requests."""
 
+    #: Seconds between two looks for requests late to arrive.
+    CHECK_S = 1.0
+
     def __init__(self, config: uvicorn.Config, *, request_timeout_s: float) -> None:
         super().__init__(config)
         self.request_timeout_s = request_timeout_s
+        self.hurried = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: it sets flags, and leaves the rest to the loop.
         from assistant.services.background import drain_begin
 
         if not self.should_exit:
             self.should_exit = True  # uvicorn stops accepting and drains (its ``shutdown``)
             drain_begin()  # endless streams (the staff dashboard's) end now
-            return
+        elif not self.hurried and self._loop is not None:
+            self.hurried = True
+            self._loop.call_soon_threadsafe(self._hurry)
+
+    def _hurry(self) -> None:
         logger.warning("Asked again to stop: stopping now")
         for task in list(self.server_state.tasks):
             task.cancel()  # each answer stops and stores; the lifespan shutdown waits for it
 
-    async def on_tick(self, counter: int) -> bool:
-        if counter % 10 == 0 and self.request_timeout_s > 0:  # once a second
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def _refuse_late(self) -> None:
+        if self.request_timeout_s > 0:
             refuse_late_requests(
                 self.server_state.connections, self.request_timeout_s, time.monotonic()
             )
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % 10 == 0:  # once a second
+            self._refuse_late()
         return await super().on_tick(counter)
+
+    async def _refuse_late_while_draining(self) -> None:
+        while True:
+            await asyncio.sleep(self.CHECK_S)
+            self._refuse_late()
 
     async def shutdown(self, sockets: Any = None) -> None:
         logger.info(
@@ -130,12 +158,18 @@ class ChatsiteUvicorn(uvicorn.Server):
             len(self.server_state.connections),
             self.config.timeout_graceful_shutdown,
         )
-        await super().shutdown(sockets)
+        # The ticks have stopped: a request trickling in must not hold the drain to its end.
+        checking = asyncio.create_task(self._refuse_late_while_draining())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            checking.cancel()
 
     async def _wait_tasks_to_complete(self) -> None:
         # uvicorn's wait for the open requests, cancelled when the drain's time is up.
         await super()._wait_tasks_to_complete()
-        logger.info("Drained: every open request has ended")
+        if not self.hurried:
+            logger.info("Drained: every open request has ended")
 
 
 def config(host: str, port: int) -> uvicorn.Config:
@@ -156,6 +190,9 @@ def config(host: str, port: int) -> uvicorn.Config:
     )
     config.load()
     from django.conf import settings
+
+    # uvicorn's own lines (start, stop, errors) in the format of chatsite's (plain or JSON).
+    logging.getLogger("uvicorn").handlers = list(logging.getLogger("assistant").handlers)
 
     config.backlog = settings.CHATSITE_CLIENTS["LISTEN_BACKLOG"]
     # uvicorn takes whole seconds; a drain is never cut shorter than asked.

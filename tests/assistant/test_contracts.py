@@ -592,9 +592,11 @@ def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     """``ChatsiteUvicorn`` replaces ``handle_exit`` (what ``capture_signals`` installs for SIGTERM
     and SIGINT), extends ``on_tick`` (the main loop's) and ``_wait_tasks_to_complete`` (awaited by
     ``shutdown`` under the graceful timeout, so code after it runs only if the drain ended in
-    time); ``ChatsiteHttpTools`` extends the parser's ``on_message_begin``/``on_message_complete``
-    and reads ``cycle.response_started``, ``scope``, ``client`` and ``transport``."""
+    time) and ``startup``; ``ChatsiteHttpTools`` extends the parser's ``on_message_begin`` and
+    ``on_message_complete``, and the late-request check reads ``cycle.response_started``,
+    ``scope``, ``client``, ``transport``, ``pipeline`` and ``flow.read_paused``."""
     import uvicorn
+    from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
     from chatsite.uvicorn_server import ChatsiteHttpTools, ChatsiteUvicorn
@@ -605,13 +607,20 @@ def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     assert "wait_for(" in shutdown and "self._wait_tasks_to_complete()" in shutdown
     assert "self.lifespan.shutdown()" in shutdown
     assert inspect.iscoroutinefunction(uvicorn.Server._wait_tasks_to_complete)
-    for name in ("handle_exit", "on_tick", "shutdown", "_wait_tasks_to_complete"):
+    for name in ("handle_exit", "startup", "on_tick", "shutdown", "_wait_tasks_to_complete"):
         assert inspect.signature(getattr(ChatsiteUvicorn, name)).parameters.keys() >= (
             inspect.signature(getattr(uvicorn.Server, name)).parameters.keys()
         ), name
-    for name in ("on_message_begin", "on_message_complete"):
-        assert callable(getattr(HttpToolsProtocol, name)), name
-        assert getattr(ChatsiteHttpTools, name) is not getattr(HttpToolsProtocol, name)
+    assert issubclass(ChatsiteHttpTools, HttpToolsProtocol)
+    # The parser's callbacks, at the first byte of a request and at the end of its body.
+    begin = inspect.getsource(HttpToolsProtocol.on_message_begin)
+    assert "self.scope = " in begin and "self.headers = []" in begin
+    complete = inspect.getsource(HttpToolsProtocol.on_message_complete)
+    assert "self.cycle.more_body = False" in complete
     init = inspect.getsource(HttpToolsProtocol.__init__)
-    assert all(f"self.{name}" in init for name in ("cycle", "scope", "client", "transport"))
+    for name in ("cycle", "scope", "client", "transport", "flow", "pipeline"):
+        assert f"self.{name}" in init, name
+    assert "self.read_paused" in inspect.getsource(FlowControl.__init__)
     assert "self.response_started" in inspect.getsource(RequestResponseCycle.__init__)
+    # The open requests' tasks and connections, as the server's own shutdown reads them.
+    assert "self.server_state.tasks" in shutdown and "self.server_state.connections" in shutdown

@@ -96,6 +96,38 @@ def test_a_request_that_arrives_in_time_is_served(slow_guarded: LiveServer) -> N
     assert events[-1].event == "done"
 
 
+def test_a_request_pipelined_behind_an_answer_waits_for_it(uvicorn_factory) -> None:
+    """Under uvicorn, a second request sent on the same connection while the first is being
+    answered is not read on (the server pauses reading), so it is no trickle: the answer goes
+    out whole, and only then is the unfinished second request refused 408."""
+    server = uvicorn_factory(CHATSITE_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S))
+    client = ChatClient(server)
+    try:
+        cookies = "; ".join(f"{k}={v}" for k, v in client.cookies().items())
+        head = (
+            f"Host: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            f"X-CSRFToken: {client.csrf_token}\r\nCookie: {cookies}\r\n"
+        )
+        first = json.dumps({"message": "[scripted tokens=20 itl_ms=200] a long answer"})
+        pipelined = (
+            f"POST /api/chat/stream HTTP/1.1\r\n{head}Content-Length: {len(first)}\r\n\r\n{first}"
+            f"POST /api/session HTTP/1.1\r\n{head}Content-Length: 100\r\n\r\n{{"
+        )
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        sock.sendall(pipelined.encode("latin-1"))
+        received = b""
+        while chunk := sock.recv(65536):  # the server closes after its 408
+            received += chunk
+        sock.close()
+    finally:
+        client.close()
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    done = received.find(b"event: done")
+    refused = received.find(b"HTTP/1.1 408")
+    assert 0 < done < refused, received[-400:]
+    assert received.count(b"event: token") == 20
+
+
 @pytest.mark.parametrize("url", STREAM_URLS)
 def test_an_oversized_stream_body_is_refused_before_django_reads_it(
     daphne: LiveServer, url: str
