@@ -30,7 +30,7 @@ proxy-headers middleware is off, since chatsite reads ``X-Forwarded-For`` itself
 ``CHATSITE_TRUSTED_PROXIES`` only.
 
 Its server and protocol extend uvicorn's past their documented API (the signal handler, the
-tick, the wait for open requests, the httptools parser's callbacks): tests/assistant/
+start-up, the wait for open requests, the httptools parser's callbacks): tests/assistant/
 test_contracts.py checks each against the installed uvicorn (``internals.CHECKED_AGAINST``).
 """
 
@@ -79,12 +79,11 @@ class ChatsiteHttpTools(HttpToolsProtocol):
         self.transport.close()
 
 
-def refuse_late_requests(connections: Iterable[object], limit_s: float, now: float) -> int:
-    """Refuse each request of ``connections`` still arriving ``limit_s`` after its first byte;
-    how many were. Not one whose response has begun, nor one the server itself stopped reading
+def refuse_late_requests(connections: Iterable[object], limit_s: float, now: float) -> None:
+    """Refuse each request of ``connections`` still arriving ``limit_s`` after its first byte.
+    Not one whose response has begun, nor one the server itself stopped reading
     (a request pipelined behind another one's answer, a body already buffered to uvicorn's
     limit), nor one whose connection is closing."""
-    refused = 0
     for connection in list(connections):
         if not isinstance(connection, ChatsiteHttpTools):
             continue
@@ -99,8 +98,6 @@ def refuse_late_requests(connections: Iterable[object], limit_s: float, now: flo
         client = connection.client[0] if connection.client else "?"
         logger.warning("Refused a request from %s that took over %g s to arrive", client, limit_s)
         connection.refuse_late()
-        refused += 1
-    return refused
 
 
 class ChatsiteUvicorn(uvicorn.Server):
@@ -114,6 +111,7 @@ class ChatsiteUvicorn(uvicorn.Server):
         self.request_timeout_s = request_timeout_s
         self.hurried = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._checking: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler: it sets flags, and leaves the rest to the loop.
@@ -133,23 +131,17 @@ class ChatsiteUvicorn(uvicorn.Server):
 
     async def startup(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.request_timeout_s > 0:
+            # Serving and draining alike (uvicorn's own ticks stop at the signal).
+            self._checking = asyncio.create_task(self._refuse_late())
         await super().startup(sockets)
 
-    def _refuse_late(self) -> None:
-        if self.request_timeout_s > 0:
+    async def _refuse_late(self) -> None:
+        while True:
+            await asyncio.sleep(self.CHECK_S)
             refuse_late_requests(
                 self.server_state.connections, self.request_timeout_s, time.monotonic()
             )
-
-    async def on_tick(self, counter: int) -> bool:
-        if counter % 10 == 0:  # once a second
-            self._refuse_late()
-        return await super().on_tick(counter)
-
-    async def _refuse_late_while_draining(self) -> None:
-        while True:
-            await asyncio.sleep(self.CHECK_S)
-            self._refuse_late()
 
     async def shutdown(self, sockets: Any = None) -> None:
         logger.info(
@@ -158,18 +150,23 @@ class ChatsiteUvicorn(uvicorn.Server):
             len(self.server_state.connections),
             self.config.timeout_graceful_shutdown,
         )
-        # The ticks have stopped: a request trickling in must not hold the drain to its end.
-        checking = asyncio.create_task(self._refuse_late_while_draining())
         try:
             await super().shutdown(sockets)
         finally:
-            checking.cancel()
+            if self._checking is not None:
+                self._checking.cancel()
 
     async def _wait_tasks_to_complete(self) -> None:
         # uvicorn's wait for the open requests, cancelled when the drain's time is up.
         await super()._wait_tasks_to_complete()
         if not self.hurried:
             logger.info("Drained: every open request has ended")
+
+
+def graceful_shutdown_s(drain_s: float) -> int:
+    """uvicorn's ``timeout_graceful_shutdown`` for a drain of ``drain_s``: it takes whole
+    seconds (at least 1), and a drain is never cut shorter than asked."""
+    return max(1, math.ceil(drain_s))
 
 
 def config(host: str, port: int) -> uvicorn.Config:
@@ -195,8 +192,7 @@ def config(host: str, port: int) -> uvicorn.Config:
     logging.getLogger("uvicorn").handlers = list(logging.getLogger("assistant").handlers)
 
     config.backlog = settings.CHATSITE_CLIENTS["LISTEN_BACKLOG"]
-    # uvicorn takes whole seconds; a drain is never cut shorter than asked.
-    config.timeout_graceful_shutdown = max(1, math.ceil(settings.CHATSITE_STREAM["DRAIN_S"]))
+    config.timeout_graceful_shutdown = graceful_shutdown_s(settings.CHATSITE_STREAM["DRAIN_S"])
     logger.info("Event loop: %s", loop)
     return config
 

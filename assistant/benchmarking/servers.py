@@ -10,7 +10,6 @@ that one ends, so none outlives its run.
 """
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -243,7 +242,9 @@ def start_daphne(
         command = ["chatsite.uvicorn_server", "--host", "127.0.0.1", "--port", str(port)]
     elif uvicorn:
         # An older checkout (``root``) without it: uvicorn's own command, given the drain.
-        drain_s = str(max(1, math.ceil(float(full_env.get("CHATSITE_DRAIN_S", "25")))))
+        from chatsite.uvicorn_server import graceful_shutdown_s
+
+        drain_s = str(graceful_shutdown_s(float(full_env.get("CHATSITE_DRAIN_S", "25"))))
         command = ["uvicorn", "--no-access-log", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--timeout-graceful-shutdown", drain_s, "chatsite.asgi:application"]
     else:

@@ -17,7 +17,7 @@ one of them, its test fails by name, before a stream misbehaves in production.
 - Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
 - uvicorn, a real ``Server`` on loopback with each of its HTTP parsers: ``uvicorn_socket`` (the
   connection behind ``send``). And what ``chatsite/uvicorn_server.py`` overrides: the server's
-  signal handler, its tick, its wait for open requests, the httptools parser's callbacks
+  signal handler, its start-up, its wait for open requests, the httptools parser's callbacks
   (its behaviour: tests/assistant/test_worker_stop.py and test_slow_requests.py).
 """
 
@@ -590,9 +590,9 @@ def test_uvicorn_socket_finds_nothing_behind_another_send() -> None:
 
 def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     """``ChatsiteUvicorn`` replaces ``handle_exit`` (what ``capture_signals`` installs for SIGTERM
-    and SIGINT), extends ``on_tick`` (the main loop's) and ``_wait_tasks_to_complete`` (awaited by
-    ``shutdown`` under the graceful timeout, so code after it runs only if the drain ended in
-    time) and ``startup``; ``ChatsiteHttpTools`` extends the parser's ``on_message_begin`` and
+    and SIGINT), extends ``_wait_tasks_to_complete`` (awaited by ``shutdown`` under the graceful
+    timeout, so code after it runs only if the drain ended in time), ``startup`` and
+    ``shutdown``; ``ChatsiteHttpTools`` extends the parser's ``on_message_begin`` and
     ``on_message_complete``, and the late-request check reads ``cycle.response_started``,
     ``scope``, ``client``, ``transport``, ``pipeline`` and ``flow.read_paused``."""
     import uvicorn
@@ -602,12 +602,11 @@ def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     from chatsite.uvicorn_server import ChatsiteHttpTools, ChatsiteUvicorn
 
     assert "self.handle_exit" in inspect.getsource(uvicorn.Server.capture_signals)
-    assert "self.on_tick(" in inspect.getsource(uvicorn.Server.main_loop)
     shutdown = inspect.getsource(uvicorn.Server.shutdown)
     assert "wait_for(" in shutdown and "self._wait_tasks_to_complete()" in shutdown
     assert "self.lifespan.shutdown()" in shutdown
     assert inspect.iscoroutinefunction(uvicorn.Server._wait_tasks_to_complete)
-    for name in ("handle_exit", "startup", "on_tick", "shutdown", "_wait_tasks_to_complete"):
+    for name in ("handle_exit", "startup", "shutdown", "_wait_tasks_to_complete"):
         assert inspect.signature(getattr(ChatsiteUvicorn, name)).parameters.keys() >= (
             inspect.signature(getattr(uvicorn.Server, name)).parameters.keys()
         ), name
