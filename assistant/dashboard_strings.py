@@ -88,6 +88,13 @@ DASHBOARD_STRINGS: dict[str, str | Promise] = {
     "engineLastEnded": _("Last ended"),
     "engineEndedAt": _("{exit} at {time}"),
     "engineRequestsNow": _("Requests now"),
+    # The HTTP servers card.
+    "serversTraffic": _("{requests} requests, {errors} errors"),
+    "serversServerTtft": _("Server TTFT P50 / P95"),
+    "serversBrowserTtft": _("Browser TTFT P50 / P95"),
+    "serversCompared": _("{candidate} vs {baseline}: server {server}, browser {browser}."),
+    "serversFaster": _("Faster for students: {server}."),
+    "serversOne": _("Only one server answered in this window: nothing to compare."),
     # The traffic split.
     "splitNone": _("No split reported."),
     "splitAllCandidate": _("Every new chat goes to the candidate ({candidate})."),

@@ -164,6 +164,8 @@ class StreamRecord(models.Model):
     classroom_id = models.UUIDField(null=True, blank=True)
     path = models.CharField(max_length=16)
     engine = models.CharField(max_length=32)
+    #: The HTTP server of the worker that served it (``assistant/worker.py``); "": not named.
+    server = models.CharField(max_length=16, blank=True, default="")
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error_code = models.CharField(max_length=32, blank=True)
     conversation_id = models.UUIDField(null=True)
@@ -219,8 +221,9 @@ class StreamRecord(models.Model):
 
 
 class TrafficSum(models.Model):
-    """One minute's or one hour's stream records, summed up per path for the dashboard's long
-    windows (``services/traffic_sums.py``): {path: {requests, errors, abandoned, buffered,
+    """One minute's or one hour's stream records, summed up per path (and per worker server,
+    under "server:" and its name) for the dashboard's long windows
+    (``services/traffic_sums.py``): {path: {requests, errors, abandoned, buffered,
     buffered_checked, server and client TTFT fine-bin counts, slowest (TTFT, pk)}}. A span
     without records is stored too ({}), so that it is never summed up again."""
 

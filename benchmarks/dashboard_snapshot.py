@@ -2,8 +2,9 @@
 
 Fills a database of its own on the PostgreSQL at 127.0.0.1:5432 (``chatsite_bench_dashboard``,
 dropped first, left for a look afterwards) with ``--records`` stream records spread over the last
-24 hours on the baseline, candidate and API paths (7 in 10 reported by their browser, 2 % failed,
-5 % abandoned), then times ``traffic_snapshot`` for each window:
+24 hours on the baseline, candidate and API paths, half from Daphne's workers and half from
+uvicorn's (7 in 10 reported by their browser, 2 % failed, 5 % abandoned), then times
+``traffic_snapshot`` for each window (the servers' figures included):
 
 - **every record read**: the window read record by record, as every window was before the
   records were summed up (the baseline);
@@ -48,11 +49,12 @@ BASE, CAND, API = "direct", "django", "api"
 #: more; the classes' owners, outcomes and buffering spread as a school's would be.
 FILL = """
 INSERT INTO assistant_streamrecord (
-    request_id, created_at, owner_key, path, engine, outcome, error_code, tokens,
+    request_id, created_at, owner_key, path, engine, server, outcome, error_code, tokens,
     client_outcome, parse_ms, queue_ms, engine_ttft_ms, server_ttft_ms, e2e_ms,
     client_ttft_ms, client_reported_at, buffered)
 SELECT md5(i::text), now() - random() * interval '24 hours', 'session:' || (i %% 5000),
        (ARRAY['direct', 'direct', 'django', 'api'])[1 + i %% 4], 'scripted',
+       (ARRAY['daphne', 'uvicorn'])[1 + (i / 4) %% 2],
        CASE WHEN i %% 50 = 0 THEN 'engine_error' WHEN i %% 20 = 1 THEN 'client_abort'
             ELSE 'ok' END, '', 20, CASE WHEN i %% 10 < 7 THEN 'ok' ELSE '' END,
        0.2, 0.3, s - 1, s, s + 400,
@@ -116,6 +118,7 @@ def main() -> None:
             "exact": exact["paths"][BASE]["server_ttft_ms"]["p95"],
             "snapshot": result["paths"][BASE]["server_ttft_ms"]["p95"],
         }
+        assert set(result["servers"]) == {"daphne", "uvicorn"}, result["servers"]
         rows.append(
             {
                 "window": window,

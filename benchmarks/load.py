@@ -3,7 +3,8 @@
 Two scenarios, each on loopback, bounded in requests and in time:
 
 * ``production``: deploy/loopback_stack brings up nginx, ``--workers`` workers (Daphne, or
-  uvicorn with ``--server uvicorn``), PostgreSQL and Redis, the workers on the scripted engine
+  uvicorn with ``--server uvicorn``; ``--server both``: half each, in the two pools of
+  deploy/nginx/chatsite-servers.conf), PostgreSQL and Redis, the workers on the scripted engine
   (``--ttft-ms`` to the first token, then ``--tokens`` tokens ``--itl-ms`` apart: 20 tokens/s by
   default). For each ``--streams`` level, that many students (each its own cookies and session)
   ask in a closed loop until ``--rounds`` times that many questions have been asked, or
@@ -491,9 +492,71 @@ def visits_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+#: With both servers, each pool's CPU apart, by the prefix of its workers' unit names.
+POOL_ROLES = {"chatsite@": "daphne workers", "chatsite-uvicorn@": "uvicorn workers"}
+
+
+def process_role(name: str, *, pools: bool) -> str:
+    """The CPU role of the stack's process ``name`` (nginx, or a worker's unit)."""
+    if name == "nginx":
+        return "nginx"
+    if pools:
+        return next((r for prefix, r in POOL_ROLES.items() if name.startswith(prefix)), "workers")
+    return "workers"
+
+
+def server_rows(
+    result: dict[str, Any], servers: dict[str, str], *, ttft: float, itl: float
+) -> list[dict[str, Any]]:
+    """One run's answers by the server that answered them (``servers``: request id -> server,
+    from the stream records): the client's figures, and each pool's CPU per answer."""
+    rows = []
+    for name in sorted(set(servers.values())):
+        mine = [s for s in result["samples"] if servers.get(s.request_id or "") == name]
+        ok = [s for s in mine if s.outcome == "ok"]
+        ttfts = [s.ttft_ms for s in ok if s.ttft_ms is not None]
+        gaps = [gap for s in ok for gap in s.itl_ms]
+        cpu = result["cpu"].get(f"{name} workers")
+        rows.append(
+            {
+                "server": name,
+                "requests": len(mine),
+                "ok": len(ok),
+                "added_ttft_ms": [_minus(_p(ttfts, q), ttft) for q in (50, 95, 99)],
+                "added_itl_p99_ms": _minus(_p(gaps, 99), itl),
+                "server_ttft_p50_ms": _p(
+                    [s.server_ttft_ms for s in ok if s.server_ttft_ms is not None], 50
+                ),
+                "cpu_ms_per_answer": round(1000 * cpu / len(ok), 2) if cpu and ok else None,
+            }
+        )
+    return rows
+
+
+def server_table(rows: list[dict[str, Any]]) -> str:
+    """The answers of each level by server (a site with a pool of each)."""
+    header = "streams,server,requests,ok,added TTFT P50 / P95 / P99,added ITL P99,"
+    header += "server TTFT P50,worker CPU per answer"
+    table = [
+        [
+            f"{row['streams']:,}",
+            part["server"],
+            f"{part['requests']:,}",
+            f"{part['ok']:,}",
+            _join(part["added_ttft_ms"]),
+            _join([part["added_itl_p99_ms"]]),
+            _join([part["server_ttft_p50_ms"]]),
+            _join([part["cpu_ms_per_answer"]]),
+        ]
+        for row in rows
+        for part in row.get("by_server", [])
+    ]
+    return markdown(header.split(","), table)
+
+
 def cpu_table(rows: list[dict[str, Any]]) -> str:
     """CPU seconds by role over the measured run, and per successful request."""
-    roles = ["workers", "worker", "nginx", "client", "PostgreSQL", "Redis"]
+    roles = ["workers", *POOL_ROLES.values(), "worker", "nginx", "client", "PostgreSQL", "Redis"]
     roles = [r for r in roles if any(r in row["cpu"] for row in rows)]
     table = []
     for row in rows:
@@ -514,6 +577,12 @@ def cpu_table(rows: list[dict[str, Any]]) -> str:
 # --- the scenarios -----------------------------------------------------------------------------
 
 
+def records_server(stack: LoopbackStack) -> dict[str, str]:
+    """Request id -> the server of the worker that stored its stream record."""
+    out = stack.sql("SELECT request_id || ' ' || server FROM assistant_streamrecord")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
 def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]:
     largest = max(args.streams)
     env = {
@@ -525,7 +594,8 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
     }
     setups = []
     if "nginx" in args.setups:
-        label = f"nginx + {args.workers} {args.server} worker" + ("s" if args.workers > 1 else "")
+        kind = "Daphne and uvicorn" if args.server == "both" else args.server
+        label = f"nginx + {args.workers} {kind} worker" + ("s" if args.workers > 1 else "")
         setups.append((label, args.workers, False, args.streams))
     if "direct" in args.setups:
         setups.append(("1 worker, no nginx", 1, True, [largest]))
@@ -537,7 +607,8 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
             LoopbackStack(
                 Path(tmp) / "stack",
                 workers=workers,
-                server=args.server,
+                # One worker, no nginx: Daphne's when the site runs both servers.
+                server="daphne" if direct and args.server == "both" else args.server,
                 env=env,
                 # Two connections per stream, and the page loads and idle upstream ones.
                 worker_connections=max(WORKER_CONNECTIONS, 3 * largest),
@@ -545,9 +616,9 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
             ) as stack,
         ):
             assert stack.state is not None
+            pools = stack.server == "both"
             roles = {
-                p.pid: "nginx" if name == "nginx" else "workers"
-                for name, p in stack.state.processes.items()
+                p.pid: process_role(name, pools=pools) for name, p in stack.state.processes.items()
             }
             url = f"http://127.0.0.1:{stack.state.workers[0]}" if direct else stack.url
             # Warm the workers (imports, pools, prepared statements); not recorded.
@@ -570,6 +641,10 @@ def production(args: argparse.Namespace, timeout: float) -> list[dict[str, Any]]
                 row = latency_row(label, streams, result, ttft=args.ttft_ms, itl=args.itl_ms)
                 row["first_visits_at_once"] = burst
                 row["logged"] = logged_since(sizes)
+                if pools and not direct:
+                    row["by_server"] = server_rows(
+                        result, records_server(stack), ttft=args.ttft_ms, itl=args.itl_ms
+                    )
                 rows.append(row)
                 print(latency_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
     return rows
@@ -707,6 +782,8 @@ def main() -> None:
         if scenario == "production":
             rows = production(args, args.timeout or 60.0)
             tables = [latency_table(rows), cpu_table(rows), visits_table(rows)]
+            if any("by_server" in row for row in rows):
+                tables.append(server_table(rows))
         else:
             # Waiting in line for the model is the point here: a browser would wait on too.
             rows = embedded(args, args.timeout or 300.0)

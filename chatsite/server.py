@@ -42,6 +42,7 @@ from daphne.http_protocol import WebRequest  # noqa: E402
 from daphne.server import Server  # noqa: E402
 
 from assistant import internals  # noqa: E402
+from assistant.worker import server_set  # noqa: E402
 
 logger = logging.getLogger("assistant.server")
 
@@ -181,6 +182,7 @@ def _event_loop_log() -> None:
 
 
 def main() -> None:
+    server_set("daphne")
     internals.daphne_command_line(ChatsiteServer).entrypoint()
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from assistant.worker import server_set
 from chatsite.event_loop import event_loop_install
 
 logger = logging.getLogger("assistant.server")
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     args = parser.parse_args(argv)
+    server_set("uvicorn")
     worker = config(args.host, args.port)
     from django.conf import settings
 

@@ -184,12 +184,18 @@ def nginx_binary() -> str:
 def nginx_factory(
     nginx_binary: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., NginxServer]]:
-    """Start nginx on a deploy/nginx site in front of the given worker ports (and ``edits``)."""
+    """Start nginx on a deploy/nginx site in front of the given worker ports (and ``edits``;
+    ``uvicorn_workers``: chatsite-servers.conf's uvicorn pool)."""
     servers: list[NginxServer] = []
 
-    def start(site: str, workers: Sequence[int], edits: Sequence[Any] = ()) -> NginxServer:
+    def start(
+        site: str,
+        workers: Sequence[int],
+        edits: Sequence[Any] = (),
+        uvicorn_workers: Sequence[int] = (),
+    ) -> NginxServer:
         work = tmp_path_factory.mktemp("nginx")
-        server = start_nginx(nginx_binary, work, site, workers, edits)
+        server = start_nginx(nginx_binary, work, site, workers, edits, uvicorn_workers)
         servers.append(server)
         return server
 

@@ -95,13 +95,18 @@ class NginxServer(LiveServer):
         return self.access_log.read_text().splitlines() if self.access_log.exists() else []
 
 
-def start_nginx(binary: str, work: Path, site: str, workers: Any, edits: Any = ()) -> NginxServer:
-    """nginx serving deploy/nginx's ``site`` on a free port in front of ``workers``' ports,
-    rendered into ``work`` (``deploy.loopback_stack.render``, with ``edits``)."""
+def start_nginx(
+    binary: str, work: Path, site: str, workers: Any, edits: Any = (), uvicorn_workers: Any = ()
+) -> NginxServer:
+    """nginx serving deploy/nginx's ``site`` on a free port in front of ``workers``' ports
+    (and ``uvicorn_workers``' for chatsite-servers.conf's uvicorn pool), rendered into ``work``
+    (``deploy.loopback_stack.render``, with ``edits``)."""
     from deploy.loopback_stack import nginx_args, render
 
     port = free_port()
-    main = render(work, site, workers=workers, port=port, edits=edits)
+    main = render(
+        work, site, workers=workers, port=port, edits=edits, uvicorn_workers=uvicorn_workers
+    )
     process = subprocess.Popen(
         nginx_args(binary, main),
         stdout=subprocess.DEVNULL,

@@ -1,9 +1,10 @@
-"""Traffic on the two serving paths for the staff dashboard, over one window of stream records.
+"""Traffic on the two serving paths for the staff dashboard, over one window of stream records,
+and on the two HTTP servers the workers may run under (``assistant/worker.py``).
 
 Synchronous (ORM). The view calls it about once a second with windows of up to a day (a
 million records at a school's scale), so it never loads model instances. A window of up to
-five minutes is read record by record (only the columns it needs, over the (path, created_at)
-index) and its percentiles (numpy's default method, as the benchmarks report them) are exact.
+five minutes is read record by record (only the columns it needs, over the created_at index)
+and its percentiles (numpy's default method, as the benchmarks report them) are exact.
 A longer one adds up the minutes summed up already (``services/traffic_sums.py``: 1,440 rows
 for a day) and reads only the rest record by record; its percentiles come from fine bins
 (within 1.8 %, or 0.05 ms below 10 ms), as ``percentiles: "binned"`` says. Then, per path, one
@@ -28,6 +29,7 @@ from assistant.errors import Rejected
 from assistant.models import StreamRecord
 from assistant.services.serving_state import API_PATH
 from assistant.services.traffic_sums import (
+    SERVER_GROUP,
     SETTLE_S,
     PathWindow,
     minute_ceil,
@@ -42,6 +44,7 @@ from assistant.services.ttft_bins import (
     binned_percentiles,
     fine_bin,
 )
+from assistant.worker import SERVERS
 
 #: The windows the dashboard offers, in seconds.
 WINDOWS: dict[str, int] = {"5m": 300, "1h": 3600, "24h": 86400}
@@ -84,26 +87,27 @@ def _in_window(*, path: str, start: datetime, end: datetime) -> QuerySet[StreamR
 
 
 def windows_read(*, paths: Sequence[str], start: datetime, end: datetime) -> dict[str, PathWindow]:
-    """Synchronous (ORM): what the records on ``paths`` created in [start, end] add up to.
-    Record by record in one query for a window of up to ``EXACT_UP_TO_S``; else the whole
-    minutes settled by ``end`` (``SETTLE_S`` before it) from their sums, and the rest record by
-    record: two queries, and two more per hour of minutes not summed up yet."""
+    """Synchronous (ORM): what the records created in [start, end] add up to, for each of
+    ``paths`` and, under ``traffic_sums.server_group(name)``, for each server named by any
+    record. Record by record in one query for a window of up to ``EXACT_UP_TO_S``; else the
+    whole minutes settled by ``end`` (``SETTLE_S`` before it) from their sums, and the rest
+    record by record: two queries, and two more per hour of minutes not summed up yet."""
     windows = {path: PathWindow() for path in paths}
     first = minute_ceil(start)
     settled = minute_floor(end - timedelta(seconds=SETTLE_S))
     if (end - start).total_seconds() <= EXACT_UP_TO_S or settled <= first:
-        records_read(
-            records_in(Q(path__in=paths, created_at__gte=start, created_at__lte=end)), windows
-        )
+        records_read(records_in(Q(created_at__gte=start, created_at__lte=end)), windows)
         return windows
     for summed in spans_read(first, settled):
-        for path, part in summed.items():
-            if (window := windows.get(path)) is not None:
+        for group, part in summed.items():
+            if group.startswith(SERVER_GROUP):
+                windows.setdefault(group, PathWindow()).merge(part)
+            elif (window := windows.get(group)) is not None:
                 window.merge(part)
     edges = Q(created_at__gte=start, created_at__lt=first) | Q(
         created_at__gte=settled, created_at__lte=end
     )
-    records_read(records_in(Q(path__in=paths) & edges), windows)
+    records_read(records_in(edges), windows)
     return windows
 
 
@@ -153,6 +157,35 @@ def _path_figures(
         "server_ttft_ms": server,
         "client_ttft_ms": client,
     }
+
+
+def _server_figures(window: PathWindow) -> dict[str, Any]:
+    server, _ = ttft_figures(window.server_ttft_ms, window.server_bins)
+    client, _ = ttft_figures(window.client_ttft_ms, window.client_bins)
+    return {
+        "requests": window.requests,
+        "errors": window.errors,
+        "error_rate": _rate(window.errors, window.requests),
+        "server_ttft_ms": server,
+        "client_ttft_ms": client,
+    }
+
+
+def servers_compared(servers: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The second of ``worker.SERVERS`` (uvicorn) against the first (Daphne): its TTFT
+    percentiles over theirs, below 1 where it is faster; None unless both served records."""
+    baseline, candidate = SERVERS
+    if baseline not in servers or candidate not in servers:
+        return None
+    base, cand = servers[baseline], servers[candidate]
+    compared: dict[str, Any] = {"baseline": baseline, "candidate": candidate}
+    for side in ("server", "client"):
+        for q in (50, 95):
+            key = f"p{q}"
+            compared[f"{side}_{key}"] = _ratio(
+                cand[f"{side}_ttft_ms"][key], base[f"{side}_ttft_ms"][key]
+            )
+    return compared
 
 
 def _cumulative(*parts: float | None) -> float | None:
@@ -220,10 +253,12 @@ def traffic_snapshot(
     rates, buffered streams, server and browser TTFT percentiles), ``ratio`` (candidate over
     baseline P95s, and the error-rate difference in points; the ``api`` path is listed too, not
     compared), ``histogram`` (TTFT counts per bin of ``edges_ms``), ``percentiles`` ("exact",
-    or "binned" when minutes summed up were added) and ``slowest`` (the slowest records on
-    either path, with their waterfalls). A window of up to ``EXACT_UP_TO_S``: at most five
-    queries, one when it is empty; a longer one: one more (its minutes), and two per hour of
-    minutes summed up on the way.
+    or "binned" when minutes summed up were added), ``slowest`` (the slowest records on either
+    path, with their waterfalls), ``servers`` (per HTTP server named by the records, on any
+    path: requests, errors, server and browser TTFT percentiles) and ``servers_compared``
+    (uvicorn over Daphne, from ``servers_compared``). A window of up to ``EXACT_UP_TO_S``: at
+    most five queries, one when it is empty; a longer one: one more (its minutes), and two per
+    hour of minutes summed up on the way.
     """
     if baseline == candidate:
         raise ValueError("baseline and candidate must be different paths")
@@ -249,6 +284,12 @@ def traffic_snapshot(
         paths[path] = _path_figures(window, role=role, engine=engine, server=server, client=client)
         counts[path] = {"server": server_counts, "client": client_counts}
         ranked += window.ranked
+    servers = {
+        group.removeprefix(SERVER_GROUP): _server_figures(window)
+        for group, window in sorted(windows.items())
+        if group.startswith(SERVER_GROUP)
+    }
+    binned |= any(w.server_bins or w.client_bins for w in windows.values())
     base, cand = paths[baseline], paths[candidate]
     points = None
     if base["error_rate"] is not None and cand["error_rate"] is not None:
@@ -260,6 +301,8 @@ def traffic_snapshot(
             "client_p95": _ratio(cand["client_ttft_ms"]["p95"], base["client_ttft_ms"]["p95"]),
             "error_rate_points": points,
         },
+        "servers": servers,
+        "servers_compared": servers_compared(servers),
         "histogram": {"edges_ms": list(HISTOGRAM_EDGES_MS), "counts": counts},
         "percentiles": "binned" if binned else "exact",
         "slowest": slowest_records(ranked, limit=slowest),

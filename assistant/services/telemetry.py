@@ -18,6 +18,7 @@ from typing import Any
 from assistant import metrics
 from assistant.models import StreamRecord
 from assistant.services.timings import StreamTimings
+from assistant.worker import server_name
 
 Outcome = StreamRecord.Outcome
 
@@ -76,6 +77,7 @@ def stream_record(summary: AnswerSummary) -> StreamRecord:
         classroom_id=summary.classroom_id,
         path=summary.serving_path,
         engine=summary.engine,
+        server=server_name(),
         outcome=summary.outcome,
         error_code=_error_code(summary.outcome, summary.error_code),
         conversation_id=summary.conversation_id,
@@ -103,6 +105,7 @@ def refused_record(
         classroom_id=classroom_id,
         path=serving_path,
         engine=engine,
+        server=server_name(),
         outcome=Outcome.ENGINE_ERROR,
         error_code=reason,
         parse_ms=ms["parsed"],
@@ -193,6 +196,7 @@ def stream_log(
             "request_id": request_id,
             "path": serving_path,
             "engine": engine,
+            "server": server_name(),
             "classroom": str(classroom_id) if classroom_id else None,
             "owner_kind": owner_kind(owner_key),
             "outcome": outcome.value,

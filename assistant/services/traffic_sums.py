@@ -1,17 +1,18 @@
 """Stream records summed up a minute and an hour at a time, so that a day's dashboard reads a
 few dozen rows instead of a million.
 
-A ``TrafficSum`` holds, for each path with records created in its span: the counts the dashboard
-shows (requests, errors, abandons, buffered), the server's and the browser's TTFTs as counts in
-fine bins, and the span's 10 slowest records (TTFT, pk). A minute is summed up from its records
-once it has settled (``SETTLE_S`` after its end, when its streams have ended and their beacons
-have come in); an hour from its 60 minutes, which are stored too. ``manage.py traffic_sum``
-(``sums_ahead``, every five minutes) sums up the last day ahead of the dashboard; a window that
-finds a span missing sums it up itself. A record stored or reported later than that (an answer
-longer than ``SETTLE_S``, a late beacon) deletes its minute's and hour's sums, which are then
-summed up again (``spans_invalidate``). A late record stored in the very moment its minute is
-being summed up may be left out of that sum; nothing else is. ``manage.py prune`` deletes sums
-with the records they sum up.
+A ``TrafficSum`` holds, for each path with records created in its span, and for each worker
+server under ``server_group(name)`` (``assistant/worker.py``; a record counts in both): the
+counts the dashboard shows (requests, errors, abandons, buffered), the server's and the
+browser's TTFTs as counts in fine bins, and the span's 10 slowest records (TTFT, pk). A minute
+is summed up from its records once it has settled (``SETTLE_S`` after its end, when its streams
+have ended and their beacons have come in); an hour from its 60 minutes, which are stored too.
+``manage.py traffic_sum`` (``sums_ahead``, every five minutes) sums up the last day ahead of the
+dashboard; a window that finds a span missing sums it up itself. A record stored or reported
+later than that (an answer longer than ``SETTLE_S``, a late beacon) deletes its minute's and
+hour's sums, which are then summed up again (``spans_invalidate``). A late record stored in the
+very moment its minute is being summed up may be left out of that sum; nothing else is.
+``manage.py prune`` deletes sums with the records they sum up.
 
 The TTFTs are counted in the fine bins of ``services/ttft_bins.py``.
 """
@@ -43,7 +44,7 @@ KEEP_SUMS = timedelta(days=2)
 REPORTED = ExpressionWrapper(Q(client_reported_at__isnull=False), output_field=BooleanField())
 #: What the figures of a path need from each record.
 _FIELDS = (
-    "path", "created_at", "pk", "outcome", "buffered", "server_ttft_ms",
+    "path", "server", "created_at", "pk", "outcome", "buffered", "server_ttft_ms",
     "client_ttft_ms", "client_waited_ms", "client_done_ms", "reported",
 )  # fmt: skip
 
@@ -56,6 +57,14 @@ def client_ttft_ms(
     if ttft_ms is not None:
         return ttft_ms
     return waited_ms or done_ms or 0.0
+
+
+def _bins_add(bins: Counter[int], pairs: Iterable[tuple[int, int]]) -> None:
+    """Add (bin, count) pairs, each bin once, to ``bins``: the sums in one ``dict.update``,
+    twice as fast as ``Counter.update``, which adds them one at a time (the 24 h window merges
+    a few hundred parts a snapshot)."""
+    get = bins.get
+    dict.update(bins, {index: get(index, 0) + count for index, count in pairs})
 
 
 @dataclass(slots=True)
@@ -95,6 +104,26 @@ class PathWindow:
         elif server is not None:
             self.ranked.append((server, pk))
 
+    def absorb(self, other: "PathWindow", *, ranked: bool = True) -> None:
+        """Add ``other``'s counts, values and bins (and its ranked records, with ``ranked``)."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.abandoned += other.abandoned
+        self.buffered += other.buffered
+        self.buffered_checked += other.buffered_checked
+        self.server_ttft_ms += other.server_ttft_ms
+        self.client_ttft_ms += other.client_ttft_ms
+        _bins_add(self.server_bins, other.server_bins.items())
+        _bins_add(self.client_bins, other.client_bins.items())
+        if ranked:
+            self.ranked += other.ranked
+
+    def bin(self) -> None:
+        """Move the exact values into the fine bins."""
+        self.server_bins.update(map(fine_bin, self.server_ttft_ms))
+        self.client_bins.update(map(fine_bin, self.client_ttft_ms))
+        self.server_ttft_ms, self.client_ttft_ms = [], []
+
     def summed(self) -> dict[str, Any]:
         """This window (its values binned, with the bins merged into it) as one path's part of
         a ``TrafficSum`` (JSON; bins and the slowest as flat lists, [bin, count, ...] and [TTFT,
@@ -127,9 +156,19 @@ class PathWindow:
             (self.client_bins, summed["client"]),
         ):
             pairs = iter(flat)
-            bins.update(dict(zip(pairs, pairs, strict=True)))
+            _bins_add(bins, zip(pairs, pairs, strict=True))
         pairs = iter(summed["slowest"])
         self.ranked += zip(pairs, pairs, strict=True)
+
+
+#: Prefix of a worker server's figures beside the paths': no path has a ":" in its name.
+SERVER_GROUP = "server:"
+
+
+def server_group(server: str) -> str:
+    """The key of ``server``'s figures among the paths' (in a ``TrafficSum`` and the
+    dashboard's windows)."""
+    return SERVER_GROUP + server
 
 
 def _flat(pairs: Iterable[tuple[float, int]]) -> list[float]:
@@ -153,18 +192,44 @@ def _floor(moment: datetime, span_s: int) -> datetime:
 def records_read(
     records: Iterable[tuple[Any, ...]], windows: dict[str, PathWindow], *, span_s: int = 0
 ) -> dict[datetime, dict[str, PathWindow]]:
-    """Count rows of ``_FIELDS`` into ``windows`` (a row on another path is skipped), or, with
-    ``span_s`` (60 or 3600), into new windows per span and path (returned)."""
-    spans: dict[datetime, dict[str, PathWindow]] = {}
-    for path, created, pk, outcome, buffered, server, ttft, waited, done, reported in records:
-        if span_s:
-            window = spans.setdefault(_floor(created, span_s), {}).setdefault(path, PathWindow())
-        elif (found := windows.get(path)) is None:
-            continue
-        else:
-            window = found
+    """Count rows of ``_FIELDS`` into ``windows``: each into its path's window (none when
+    ``windows`` has no window for it) and, when it names its server, into that server's (made
+    when missing). With ``span_s`` (60 or 3600): into new windows per span instead (returned),
+    their values binned.
+
+    Each record is counted once, into the window of its span, path and server; those are then
+    added into the paths' and the servers' windows (a server's without the ranked records,
+    which only the paths' slowest use), binned first in a span, so no value is binned twice."""
+    pairs: dict[tuple[datetime | None, str, str], PathWindow] = {}
+    for (
+        path,
+        server,
+        created,
+        pk,
+        outcome,
+        buffered,
+        ttft_s,
+        ttft,
+        waited,
+        done,
+        reported,
+    ) in records:
+        key = (_floor(created, span_s) if span_s else None, path, server)
+        if (window := pairs.get(key)) is None:
+            window = pairs[key] = PathWindow()
         client = client_ttft_ms(ttft_ms=ttft, waited_ms=waited, done_ms=done) if reported else None
-        window.add(pk=pk, outcome=outcome, buffered=buffered, server=server, client=client)
+        window.add(pk=pk, outcome=outcome, buffered=buffered, server=ttft_s, client=client)
+    spans: dict[datetime, dict[str, PathWindow]] = {}
+    for (span, path, server), window in pairs.items():
+        if span is None:
+            into = windows
+        else:
+            into = spans.setdefault(span, {})
+            window.bin()
+        if span is not None or path in windows:
+            into.setdefault(path, PathWindow()).absorb(window)
+        if server:
+            into.setdefault(server_group(server), PathWindow()).absorb(window, ranked=False)
     return spans
 
 

@@ -21,6 +21,8 @@ from .report import StackError
 
 # What the shipped files use as examples, and so what a rendering replaces (each must occur).
 EXAMPLE_WORKERS = ("server 127.0.0.1:8001;", "server 127.0.0.1:8002;")
+# chatsite-servers.conf's uvicorn pool (EXAMPLE_WORKERS are its Daphne pool).
+EXAMPLE_UVICORN_WORKERS = ("server 127.0.0.1:8011;", "server 127.0.0.1:8012;")
 EXAMPLE_LISTEN = ("listen 80;", "listen [::]:80;")
 EXAMPLE_STATIC_ROOT = "/srv/chatsite/staticfiles/"
 EXAMPLE_ACCESS_LOG = "/var/log/nginx/chatsite.access.log"
@@ -72,30 +74,34 @@ def render(
     edits: Sequence[Edit] = (),
     static_root: Path = STATIC_DIR,
     worker_connections: int = WORKER_CONNECTIONS,
+    uvicorn_workers: Sequence[int] = (),
 ) -> Path:
     """Copy deploy/nginx into ``work`` for this run and wrap ``site`` in a main config.
 
-    The upstream gets one ``server`` line per port in ``workers``; nginx listens on
-    127.0.0.1:``port`` and serves /static/ from ``static_root``, its one worker process with
-    ``worker_connections``. Nothing else changes but ``edits``."""
+    The upstreams get one ``server`` line per port in ``workers`` (in chatsite-servers.conf,
+    the Daphne pool's; ``uvicorn_workers`` are the uvicorn pool's, which that site needs);
+    nginx listens on 127.0.0.1:``port`` and serves /static/ from ``static_root``, its one
+    worker process with ``worker_connections``. Nothing else changes but ``edits``."""
     conf = work / "conf"
     shutil.copytree(NGINX_DIR, conf)
-    # The first worker replaces the first example line, every other one the second.
-    first, *others = (f"server 127.0.0.1:{worker};" for worker in workers)
     files = [conf / site, *sorted((conf / "snippets").glob("*.conf"))]
     texts = {path: path.read_text() for path in files}
-    _replace_examples(
-        texts,
-        site,
-        {
-            EXAMPLE_WORKERS[0]: first,
-            EXAMPLE_WORKERS[1]: "\n    ".join(others),
-            EXAMPLE_LISTEN[0]: f"listen 127.0.0.1:{port};",
-            EXAMPLE_LISTEN[1]: "",
-            EXAMPLE_STATIC_ROOT: f"{static_root}/",
-            EXAMPLE_ACCESS_LOG: str(work / "access.log"),
-        },
-    )
+    pools = [(EXAMPLE_WORKERS, workers)]
+    if uvicorn_workers or EXAMPLE_UVICORN_WORKERS[0] in texts[conf / site]:
+        pools.append((EXAMPLE_UVICORN_WORKERS, uvicorn_workers))
+    replacements = {
+        EXAMPLE_LISTEN[0]: f"listen 127.0.0.1:{port};",
+        EXAMPLE_LISTEN[1]: "",
+        EXAMPLE_STATIC_ROOT: f"{static_root}/",
+        EXAMPLE_ACCESS_LOG: str(work / "access.log"),
+    }
+    for examples, ports in pools:
+        if not ports:
+            raise ValueError(f"{site} needs the ports of its workers for {examples[0]!r}")
+        # The first worker replaces the first example line, every other one the second.
+        first, *others = (f"server 127.0.0.1:{worker};" for worker in ports)
+        replacements |= {examples[0]: first, examples[1]: "\n    ".join(others)}
+    _replace_examples(texts, site, replacements)
     for name, old, new in edits:
         path = conf / name
         assert texts[path].count(old) == 1, f"{old!r} is not in {name} exactly once"
@@ -122,22 +128,25 @@ def start_nginx(
     supervisor: Supervisor,
     work: Path,
     *,
+    site: str,
     workers: Sequence[int],
+    uvicorn_workers: Sequence[int],
     port: int,
     static_root: Path,
     worker_connections: int,
     edits: Sequence[Edit],
     env: dict[str, str],
 ) -> None:
-    """Render the site into ``work``, test the configuration (``nginx -t``), start nginx and
-    wait until it listens on ``port``."""
+    """Render ``site`` into ``work`` (``render``), test the configuration (``nginx -t``), start
+    nginx and wait until it listens on ``port``."""
     binary = shutil.which("nginx", path=os.pathsep.join([DEFAULT_PATH, "/usr/sbin"]))
     if binary is None:
         raise StackError("nginx is not installed (step 1 of docs/deploy.md)")
     main = render(
         work,
-        "chatsite.conf",
+        site,
         workers=workers,
+        uvicorn_workers=uvicorn_workers,
         port=port,
         static_root=static_root,
         worker_connections=worker_connections,

@@ -27,12 +27,12 @@ from .processes import Supervisor
 from .redis_db import delete_redis_keys, ping
 from .report import StackError, say
 from .state import Process, State, load_state, save_state
-from .units import WORKER_UNITS, start_site, start_unit
+from .units import BOTH, SERVER_CHOICES, WORKER_UNITS, start_site, start_unit, worker_servers
 
 
 class LoopbackStack:
-    """chatsite behind nginx with ``workers`` workers of ``server`` (daphne or uvicorn),
-    PostgreSQL and Redis, in ``work``.
+    """chatsite behind nginx with ``workers`` workers of ``server`` (daphne or uvicorn; both:
+    half of each, in the two pools of chatsite-servers.conf), PostgreSQL and Redis, in ``work``.
 
     ``env``: lines set in the environment file after the loopback's own (what an operator
     would change in /etc/chatsite/env, e.g. ``CHATSITE_MAX_STREAMS``); ``worker_connections``:
@@ -51,8 +51,8 @@ class LoopbackStack:
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
-        if server not in WORKER_UNITS:
-            raise ValueError(f"server is one of {', '.join(WORKER_UNITS)}, not {server!r}")
+        if server not in SERVER_CHOICES:
+            raise ValueError(f"server is one of {', '.join(SERVER_CHOICES)}, not {server!r}")
         self.server = server
         self.layout = Layout(work.resolve())
         self.worker_count = workers
@@ -207,10 +207,15 @@ class LoopbackStack:
         write_env_file(self.env_file, self.shell, values, self.to_loopback)
 
     def _nginx(self) -> None:
+        servers = worker_servers(self.workers, self.server)
+        pools = {name: [port for port in servers if servers[port] == name] for name in WORKER_UNITS}
+        both = self.server == BOTH
         start_nginx(
             self._processes,
             self.layout.nginx,
-            workers=self.workers,
+            site="chatsite-servers.conf" if both else "chatsite.conf",
+            workers=pools["daphne"] if both else self.workers,
+            uvicorn_workers=pools["uvicorn"] if both else [],
             port=self.port,
             static_root=STATIC_ROOT,
             worker_connections=self.worker_connections,

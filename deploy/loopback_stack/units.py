@@ -21,16 +21,32 @@ from .report import StackError, say, tail
 
 #: The worker unit template of each server a site can run on.
 WORKER_UNITS = {"daphne": "chatsite@.service", "uvicorn": "chatsite-uvicorn@.service"}
+#: A site with a pool of each (deploy/nginx/chatsite-servers.conf): half its workers Daphne's.
+BOTH = "both"
+SERVER_CHOICES = (*WORKER_UNITS, BOTH)
 
 
 def add_server_option(parser: argparse.ArgumentParser) -> None:
-    """``--server daphne|uvicorn``: the workers' unit, for every command that brings a stack up."""
+    """``--server daphne|uvicorn|both``: the workers' unit, for every command that brings a stack
+    up."""
     parser.add_argument(
         "--server",
-        choices=list(WORKER_UNITS),
+        choices=SERVER_CHOICES,
         default="daphne",
-        help="the workers' server: chatsite@PORT (Daphne) or chatsite-uvicorn@PORT",
+        help="the workers' server: chatsite@PORT (Daphne), chatsite-uvicorn@PORT, or both: "
+        "half the workers each, the students split between them (chatsite-servers.conf)",
     )
+
+
+def worker_servers(workers: list[int], server: str) -> dict[int, str]:
+    """The server of each worker port: ``server``'s, or with ``both`` the first half Daphne's
+    (at least one of each)."""
+    if server != BOTH:
+        return dict.fromkeys(workers, server)
+    if len(workers) < 2:
+        raise ValueError("both servers need at least two workers")
+    half = len(workers) // 2
+    return {port: "daphne" if i < half else "uvicorn" for i, port in enumerate(workers)}
 
 
 Section = dict[str, list[str]]
@@ -149,14 +165,16 @@ def start_site(
     workers: list[int], layout: Layout, supervisor: Supervisor, server: str = "daphne"
 ) -> None:
     """``systemctl enable --now chatsite.target chatsite@PORT.service ...`` (``server``
-    uvicorn: ``chatsite-uvicorn@PORT.service``): what the workers require runs once, then every
-    worker starts and is waited for."""
-    template = WORKER_UNITS[server]
-    worker = read_unit(SYSTEMD_DIR / template).get("Unit", {})
-    for line in worker.get("Requires", []):
-        for unit in line.split():
-            start_unit(unit, layout, supervisor)
-    names = [template.replace("@.", f"@{port}.") for port in workers]
+    uvicorn: ``chatsite-uvicorn@PORT.service``; both: some of each, ``worker_servers``): what
+    the workers require runs once, then every worker starts and is waited for."""
+    servers = worker_servers(workers, server)
+    required: list[str] = []
+    for template in {WORKER_UNITS[name] for name in servers.values()}:
+        for line in read_unit(SYSTEMD_DIR / template).get("Unit", {}).get("Requires", []):
+            required += [unit for unit in line.split() if unit not in required]
+    for unit in required:
+        start_unit(unit, layout, supervisor)
+    names = [WORKER_UNITS[servers[port]].replace("@.", f"@{port}.") for port in workers]
     for unit in names:
         start_unit(unit, layout, supervisor)
     for unit, port in zip(names, workers, strict=True):

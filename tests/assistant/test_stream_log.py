@@ -32,7 +32,7 @@ TIMINGS = (
     "server_span_ms",
 )
 FIELDS = {
-    *("time", "level", "logger", "message", "request_id", "path", "engine", "classroom"),
+    *("time", "level", "logger", "message", "request_id", "path", "engine", "server", "classroom"),
     *("owner_kind", "outcome", "error_code", "tokens", "server_burst_gaps", *TIMINGS),
 }
 
@@ -71,6 +71,8 @@ def assert_ok_line(line: dict[str, Any], *, path: str, owner_kind: str, tokens: 
     assert set(line) == FIELDS
     assert (line["level"], line["logger"]) == ("INFO", "assistant.streams")
     assert (line["path"], line["engine"], line["outcome"]) == (path, "scripted", "ok")
+    # Under Daphne's worker (chatsite/server.py), which names its server.
+    assert line["server"] == "daphne"
     assert (line["error_code"], line["classroom"]) == ("", None)
     assert (line["owner_kind"], line["tokens"]) == (owner_kind, tokens)
     for name in TIMINGS:

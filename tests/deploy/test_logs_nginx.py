@@ -23,6 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SITE = "chatsite.conf"
 SPLIT_SITE = "chatsite-split.conf"
+SERVERS_SITE = "chatsite-servers.conf"
 SHIPPED_LINE = "\n    # access_log /var/log/nginx/chatsite.access.json.log chatsite_json;"
 NGINX_FIELDS = [
     *("time", "request_id", "remote_addr", "method", "uri", "status", "bytes", "request_time"),
@@ -36,14 +37,19 @@ def json_log_on(site: str, path: Path) -> Edit:
     return (site, SHIPPED_LINE, f"\n    access_log {path} chatsite_json;")
 
 
-@pytest.mark.parametrize("site_file", [SITE, SPLIT_SITE])
+@pytest.mark.parametrize("site_file", [SITE, SPLIT_SITE, SERVERS_SITE])
 def test_nginx_accepts_the_json_access_log(
     nginx_binary: str, tmp_path: Path, site_file: str
 ) -> None:
     """`nginx -t` passes, without a warning, with the JSON access log switched on."""
     edits = [json_log_on(site_file, tmp_path / "access.json.log")]
     main = render(
-        tmp_path, site_file, workers=[free_port(), free_port()], port=free_port(), edits=edits
+        tmp_path,
+        site_file,
+        workers=[free_port(), free_port()],
+        port=free_port(),
+        edits=edits,
+        uvicorn_workers=[free_port()] if site_file == SERVERS_SITE else [],
     )
     result = subprocess.run(
         [*nginx_args(nginx_binary, main), "-t"], capture_output=True, text=True, timeout=30

@@ -109,11 +109,11 @@ def test_guide_shows_every_command_the_stack_runs() -> None:
     assert not missing, "\n\n".join(missing)
 
 
-@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+@pytest.mark.parametrize("server", ["daphne", "uvicorn", "both"])
 def test_up_check_down(tmp_path: Path, server: str) -> None:
     """`up`, `check` and `down` from the command line: the site answers through nginx with two
-    workers (of each server's unit), and afterwards no database, role, Redis key, process or
-    folder is left."""
+    workers (of each server's unit; both: one of each, behind chatsite-servers.conf's two
+    pools), and afterwards no database, role, Redis key, process or folder is left."""
     folder = tmp_path / "stack"
 
     def run(action: str, *extra: str) -> str:
@@ -132,9 +132,13 @@ def test_up_check_down(tmp_path: Path, server: str) -> None:
         state = json.loads((folder / "state.json").read_text())
         assert state["name"] in databases() and state["name"] in roles()
         assert len(state["workers"]) == 2
-        unit = {"daphne": "chatsite@", "uvicorn": "chatsite-uvicorn@"}[server]
+        units = {
+            "daphne": ["chatsite@", "chatsite@"],
+            "uvicorn": ["chatsite-uvicorn@", "chatsite-uvicorn@"],
+            "both": ["chatsite@", "chatsite-uvicorn@"],
+        }[server]
         assert sorted(name for name in state["processes"] if "@" in name) == sorted(
-            f"{unit}{port}.service" for port in state["workers"]
+            f"{unit}{port}.service" for unit, port in zip(units, state["workers"], strict=True)
         ), state["processes"]
         names = ask(url, "[scripted tokens=4 ttft_ms=5 itl_ms=5] Are you there?")
         assert names[0] == "meta" and names.count("token") == 4 and names[-1] == "done", names

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SITE = "chatsite.conf"
 SPLIT_SITE = "chatsite-split.conf"
+SERVERS_SITE = "chatsite-servers.conf"
 SSE_SNIPPET = "snippets/chatsite-sse.conf"
 SERVER_SNIPPET = "snippets/chatsite-server.conf"
 PROXY_SNIPPET = "snippets/chatsite-proxy.conf"
@@ -157,10 +158,14 @@ def logged(server: NginxServer, needle: str) -> str:
 # --- the configuration itself ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("site_file", [SITE, SPLIT_SITE])
+@pytest.mark.parametrize("site_file", [SITE, SPLIT_SITE, SERVERS_SITE])
 def test_nginx_accepts_shipped_configs(nginx_binary: str, tmp_path: Path, site_file: str) -> None:
     """`nginx -t` passes on each shipped site with its snippets, without a single warning."""
-    main = render(tmp_path, site_file, workers=[free_port(), free_port()], port=free_port())
+    ports = [free_port(), free_port()]
+    uvicorn_workers = [free_port(), free_port()] if site_file == SERVERS_SITE else []
+    main = render(
+        tmp_path, site_file, workers=ports, port=free_port(), uvicorn_workers=uvicorn_workers
+    )
     result = subprocess.run(
         [*nginx_args(nginx_binary, main), "-t"], capture_output=True, text=True, timeout=30
     )
@@ -746,6 +751,37 @@ def test_candidate_failure_mid_answer_is_not_retried(
 # --- resuming through nginx -----------------------------------------------------------------
 
 
+def dropped_and_resumed(
+    port: int, cookies: Cookies, *, tokens: int, source: str | None = None
+) -> tuple[str, list[Event]]:
+    """An answer of ``tokens`` whose connection drops after its third token, then resumed
+    from there: its request id and the resume's events."""
+    response = post_chat(
+        port, cookies, f"[scripted tokens={tokens} itl_ms=30] Go on", source=source
+    )
+    events: list[Event] = []
+    for event in response.events():
+        events.append(event)
+        if len(tokens_of(events)) == 3:
+            break
+    response.sock.close()
+    request_id = meta_of(events)["request_id"]
+    headers = {
+        "Content-Type": "application/json",
+        "X-CSRFToken": cookies["csrftoken"],
+        "Last-Event-ID": "3",
+    }
+    body = json.dumps({"request_id": request_id}).encode()
+    resumed = raw_post(
+        port, body, cookies=cookies, headers=headers, path="/api/chat/resume", source=source
+    )
+    try:
+        assert resumed.status == 200, resumed.body()
+        return request_id, list(resumed.events())
+    finally:
+        resumed.sock.close()
+
+
 def test_a_dropped_answer_resumes_on_its_own_worker(nginx_factory, daphne_factory) -> None:
     """Two workers with resuming on: for every session, the resume of a dropped answer reaches
     the worker that runs it (the chat upstream hashes the session cookie) and brings exactly the
@@ -754,24 +790,7 @@ def test_a_dropped_answer_resumes_on_its_own_worker(nginx_factory, daphne_factor
     site = nginx_factory(SITE, [worker.port for worker in workers])
     for _ in range(8):
         cookies = page_visit(site.port)
-        response = post_chat(site.port, cookies, "[scripted tokens=12 itl_ms=30] Go on")
-        events: list[Event] = []
-        for event in response.events():
-            events.append(event)
-            if len(tokens_of(events)) == 3:
-                break
-        response.sock.close()
-        body = json.dumps({"request_id": meta_of(events)["request_id"]}).encode()
-        headers = {
-            "Content-Type": "application/json",
-            "X-CSRFToken": cookies["csrftoken"],
-            "Last-Event-ID": "3",
-        }
-        resumed = raw_post(
-            site.port, body, cookies=cookies, headers=headers, path="/api/chat/resume"
-        )
-        assert resumed.status == 200, resumed.body()
-        after = list(resumed.events())
+        _, after = dropped_and_resumed(site.port, cookies, tokens=12)
         assert [int(e.id) for e in tokens_of(after)] == list(range(4, 13))
         assert after[-1].event == "done"
     # The sessions were spread over both workers, so the hash really had to pick the right one.

@@ -60,11 +60,15 @@ def _exchange(port: int, request: str) -> tuple[int, dict[str, str], str]:
     return int(status_line.split()[1]), headers, body.decode()
 
 
-@pytest.mark.parametrize("site_file", ["chatsite.conf", "chatsite-split.conf"])
+@pytest.mark.parametrize(
+    "site_file", ["chatsite.conf", "chatsite-split.conf", "chatsite-servers.conf"]
+)
 def test_no_worker_answering_is_a_503_the_page_waits_for(nginx_factory, site_file: str) -> None:
-    """Both workers gone (nothing listens on their ports): nginx's own 502 becomes a 503 with
-    Retry-After, as a page and as JSON, on every kind of location."""
-    site = nginx_factory(site_file, [free_port(), free_port()])
+    """Every worker gone (nothing listens on their ports; in chatsite-servers.conf, those of
+    both pools): nginx's own 502 becomes a 503 with Retry-After, as a page and as JSON, on
+    every kind of location."""
+    pool = [free_port()] if site_file == "chatsite-servers.conf" else []
+    site = nginx_factory(site_file, [free_port(), free_port()], uvicorn_workers=pool)
     page = _plain_get(site.port, "/", NAVIGATION_ACCEPT)
     answer = response_sort(*page, navigation=True)
     assert answer.kind == "refused", answer

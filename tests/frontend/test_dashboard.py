@@ -308,6 +308,12 @@ def test_a_chinese_browser_gets_the_dashboard_in_chinese(
         expect(page.locator("#breaker-state")).to_have_attribute("data-state", "closed")
         expect(page.locator("#breaker-state")).to_have_text("闭合")
         expect(page.locator("#split-current")).to_contain_text("的新对话交给 django。")
+        # The answers above came from this Daphne worker, which names its server.
+        expect(page.locator("#servers-title")).to_have_text("HTTP 服务器")
+        expect(page.locator("#servers")).to_contain_text("服务器首字时间 P50 / P95")
+        expect(page.locator("#servers-compared")).to_have_text(
+            "此时间窗口内只有一种服务器在应答：无从比较。"
+        )
         slowest = page.locator("#slowest .slow").first
         expect(slowest.locator(".track-row").first).to_contain_text("首字")
         expect(slowest.locator(".outcome")).to_have_text("正常")
@@ -331,6 +337,43 @@ def test_a_chinese_browser_gets_the_dashboard_in_chinese(
         violations = axe_violations(page)
         assert not violations, format_violations(violations)
         page.screenshot(path=output_dir / "dashboard-zh.png", full_page=True)
+
+
+def test_the_servers_card_says_which_server_was_faster(dashboard: Page) -> None:
+    """Records from workers of both servers: the card lists each server's answers and TTFTs and
+    names the one faster for students (the lower browser P95)."""
+
+    def store() -> None:
+        now = timezone.now()
+        StreamRecord.objects.bulk_create(
+            StreamRecord(
+                request_id=uuid.uuid4().hex, created_at=now - timedelta(seconds=5),
+                owner_key="session:servers", path="direct", engine="scripted", outcome="ok",
+                server=server, server_ttft_ms=ms, client_outcome="ok", client_ttft_ms=ms + 5,
+                client_reported_at=now,
+            )
+            for server, values in (("daphne", (40.0, 60.0, 80.0)), ("uvicorn", (20.0, 30.0)))
+            for ms in values
+        )  # fmt: skip
+
+    from_db(store)
+    expect(dashboard.locator("#servers-card")).to_be_visible()
+    terms = [
+        *("daphne", "Server TTFT P50 / P95", "Browser TTFT P50 / P95"),
+        *("uvicorn", "Server TTFT P50 / P95", "Browser TTFT P50 / P95"),
+    ]
+    expect(dashboard.locator("#servers dt")).to_have_text(terms)
+    servers = dashboard.locator("#servers dd")
+    expect(servers.nth(0)).to_have_text("3 requests, 0.0 % errors")
+    expect(servers.nth(1)).to_have_text("60 ms / 78 ms")
+    expect(servers.nth(3)).to_have_text("2 requests, 0.0 % errors")
+    expect(servers.nth(5)).to_have_text("30 ms / 35 ms")
+    compared = dashboard.locator("#servers-compared")
+    expect(compared).to_have_attribute("data-faster", "uvicorn")
+    expect(compared).to_have_text(
+        re.compile(r"^uvicorn vs daphne: server ×0\.\d\d / ×0\.\d\d, browser .+ "
+                   r"Faster for students: uvicorn\.$")
+    )  # fmt: skip
 
 
 def test_a_longer_window_says_its_percentiles_come_from_sums(dashboard: Page) -> None:

@@ -13,6 +13,7 @@ import { drawEngines } from "./dashboard/engines.js";
 import { clearPaths, drawBreaker, drawPath, drawRatio } from "./dashboard/figures.js";
 import { fmtClock } from "./dashboard/format.js";
 import { binRange, clearHistograms, drawHistogram } from "./dashboard/histograms.js";
+import { drawServers } from "./dashboard/servers.js";
 import { drawSplit, setupSplitForm } from "./dashboard/split.js";
 import { drawSlowest } from "./dashboard/waterfall.js";
 
@@ -79,6 +80,7 @@ function draw(snapshot) {
   drawRatio(snapshot);
   drawBreaker(snapshot.breaker, snapshot.generated_at);
   drawEngines(snapshot.engines, snapshot.generated_at);
+  drawServers(snapshot.servers, snapshot.servers_compared);
   drawSplit(snapshot.split, snapshot.candidate, snapshot.baseline);
   drawSlowest(snapshot.slowest);
 

@@ -282,7 +282,10 @@ def test_an_empty_window_is_all_nulls_in_one_query(django_assert_num_queries) ->
         }
     assert result["ratio"] == {"server_p95": None, "client_p95": None, "error_rate_points": None}
     assert result["slowest"] == []
-    assert set(result) == {"paths", "ratio", "histogram", "percentiles", "slowest"}
+    assert (result["servers"], result["servers_compared"]) == ({}, None)
+    assert set(result) == {
+        *("paths", "ratio", "histogram", "percentiles", "slowest", "servers", "servers_compared"),
+    }
     assert result["percentiles"] == "exact"
 
 
@@ -310,3 +313,45 @@ def test_a_busy_window_takes_four_queries(django_assert_num_queries) -> None:
 def test_baseline_and_candidate_must_differ() -> None:
     with pytest.raises(ValueError, match="different"):
         traffic_snapshot(window_s=300, baseline=BASE, candidate=BASE)
+
+
+def test_each_server_is_counted_over_every_path_and_compared() -> None:
+    """Records are counted per worker server (assistant/worker.py) as well as per path, on any
+    path, "other" included; a record naming no server counts for its path only. uvicorn is
+    compared with Daphne, P50 and P95 of the server's and the browser's TTFTs."""
+    store(*(record(BASE, server="daphne", server_ttft_ms=float(ms)) for ms in (10, 20, 30, 40)))
+    store(record("other", server="daphne", outcome="engine_error", server_ttft_ms=50.0))
+    store(
+        *(
+            record(CAND, server="uvicorn", server_ttft_ms=float(ms), **reported(client_ttft_ms=ms))
+            for ms in (5, 10, 15)
+        )
+    )
+    store(record(BASE, server_ttft_ms=1000.0))  # named no server: runserver, a test client
+    result = snapshot()
+
+    assert result["paths"][BASE]["requests"] == 5
+    daphne, uvicorn = result["servers"]["daphne"], result["servers"]["uvicorn"]
+    assert set(result["servers"]) == {"daphne", "uvicorn"}
+    assert (daphne["requests"], daphne["errors"], daphne["error_rate"]) == (5, 1, 0.2)
+    assert daphne["server_ttft_ms"] == {"count": 5, "p50": 30.0, "p95": 48.0, "p99": 49.6}
+    assert daphne["client_ttft_ms"]["count"] == 0
+    assert (uvicorn["requests"], uvicorn["errors"]) == (3, 0)
+    assert uvicorn["server_ttft_ms"]["p50"] == 10.0
+    assert uvicorn["client_ttft_ms"] == {"count": 3, "p50": 10.0, "p95": 14.5, "p99": 14.9}
+    assert result["servers_compared"] == {
+        "baseline": "daphne",
+        "candidate": "uvicorn",
+        "server_p50": round(10.0 / 30.0, 3),
+        "server_p95": round(14.5 / 48.0, 3),
+        "client_p50": None,
+        "client_p95": None,
+    }
+
+
+def test_one_server_alone_is_not_compared() -> None:
+    store(*(record(BASE, server="uvicorn", server_ttft_ms=float(ms)) for ms in (10, 20)))
+    result = snapshot()
+
+    assert list(result["servers"]) == ["uvicorn"]
+    assert result["servers_compared"] is None

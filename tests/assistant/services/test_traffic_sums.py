@@ -85,8 +85,9 @@ def test_binned_percentiles_are_within_a_fine_bin_of_the_exact_ones() -> None:
 
 
 def _day_of_records(now: datetime, rng: random.Random) -> list[StreamRecord]:
-    """About 3,000 records over the last day on the two paths, the API's and another; some
-    reported by the browser, some failed or abandoned, some buffered."""
+    """About 3,000 records over the last day on the two paths, the API's and another, from
+    both servers' workers and from one that names none; some reported by the browser, some
+    failed or abandoned, some buffered."""
     records = []
     for _ in range(3000):
         at = now - timedelta(seconds=rng.uniform(0, DAY + 600))  # some before the window
@@ -100,6 +101,8 @@ def _day_of_records(now: datetime, rng: random.Random) -> list[StreamRecord]:
                 "client_ttft_ms": fields["server_ttft_ms"] + rng.uniform(1, 40),
                 "buffered": rng.random() < 0.1,
             }
+        # The worker's server; "" as under runserver, which no server's figures count.
+        fields["server"] = rng.choice(["daphne", "uvicorn", ""])
         records.append(record(path, at=at, **fields))
     return records
 
@@ -153,6 +156,26 @@ def test_a_days_window_from_minutes_is_the_window_read_record_by_record() -> Non
             for q in (50, 95, 99):
                 exact = percentile(values, q)
                 assert abs(summary[f"p{q}"] - exact) <= exact * 0.02 + 0.1, (path, kind, q)
+    # Each server over every path, "other" included; the records naming none in neither.
+    assert set(result["servers"]) == {"daphne", "uvicorn"}
+    for name, figures in result["servers"].items():
+        mine = [r for r in inside if r.server == name]
+        assert figures["requests"] == len(mine)
+        assert figures["errors"] == sum(r.outcome == "engine_error" for r in mine)
+        server = sorted(r.server_ttft_ms for r in mine)
+        client = sorted(r.client_ttft_ms for r in mine if r.client_reported_at is not None)
+        for kind, values in (("server", server), ("client", client)):
+            summary = figures[f"{kind}_ttft_ms"]
+            assert summary["count"] == len(values)
+            for q in (50, 95, 99):
+                exact = percentile(values, q)
+                assert abs(summary[f"p{q}"] - exact) <= exact * 0.02 + 0.1, (name, kind, q)
+    compared = result["servers_compared"]
+    assert (compared["baseline"], compared["candidate"]) == ("daphne", "uvicorn")
+    servers = result["servers"]
+    assert compared["client_p95"] == round(
+        servers["uvicorn"]["client_ttft_ms"]["p95"] / servers["daphne"]["client_ttft_ms"]["p95"], 3
+    )
     shown = [r for r in inside if r.path in (BASE, CAND, "api")]
     ttft = {
         r.request_id: r.client_ttft_ms if r.client_reported_at else r.server_ttft_ms for r in shown
