@@ -127,6 +127,13 @@ def histogram_counts(ordered: Sequence[float]) -> list[int]:
     return [high - low for low, high in pairwise(bounds)]
 
 
+def _binned_summary(bins: Counter[int]) -> dict[str, Any]:
+    summary: dict[str, Any] = {"count": sum(bins.values())}
+    for q, value in zip(PERCENTILES, binned_percentiles(bins, PERCENTILES), strict=True):
+        summary[f"p{q}"] = _ms(value)
+    return summary
+
+
 def ttft_figures(values: list[float], bins: Counter[int]) -> tuple[dict[str, Any], list[int]]:
     """Summary and histogram counts of TTFTs: exact from ``values`` alone, else with them
     added to the fine ``bins`` of the minutes summed up (``traffic_sums.binned_*``)."""
@@ -134,10 +141,33 @@ def ttft_figures(values: list[float], bins: Counter[int]) -> tuple[dict[str, Any
         values.sort()
         return ttft_summary(values), histogram_counts(values)
     bins = bins + Counter(map(fine_bin, values))
-    summary: dict[str, Any] = {"count": sum(bins.values())}
-    for q, value in zip(PERCENTILES, binned_percentiles(bins, PERCENTILES), strict=True):
-        summary[f"p{q}"] = _ms(value)
-    return summary, binned_histogram(bins)
+    return _binned_summary(bins), binned_histogram(bins)
+
+
+def ttft_summary_of(values: list[float], bins: Counter[int]) -> dict[str, Any]:
+    """``ttft_figures``' summary alone, without the histogram."""
+    if not bins:
+        values.sort()
+        return ttft_summary(values)
+    return _binned_summary(bins + Counter(map(fine_bin, values)))
+
+
+def _server_figures(
+    window: PathWindow, *, server: dict[str, Any] | None = None,
+    client: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Requests, errors and TTFT summaries of a window (those given, else computed)."""
+    if server is None:
+        server = ttft_summary_of(window.server_ttft_ms, window.server_bins)
+    if client is None:
+        client = ttft_summary_of(window.client_ttft_ms, window.client_bins)
+    return {
+        "requests": window.requests,
+        "errors": window.errors,
+        "error_rate": _rate(window.errors, window.requests),
+        "server_ttft_ms": server,
+        "client_ttft_ms": client,
+    }
 
 
 def _path_figures(
@@ -147,27 +177,11 @@ def _path_figures(
     return {
         "role": role,
         "engine": engine,
-        "requests": window.requests,
-        "errors": window.errors,
-        "error_rate": _rate(window.errors, window.requests),
+        **_server_figures(window, server=server, client=client),
         "abandoned": window.abandoned,
         "abandon_rate": _rate(window.abandoned, window.requests),
         "buffered": window.buffered,
         "buffered_checked": window.buffered_checked,
-        "server_ttft_ms": server,
-        "client_ttft_ms": client,
-    }
-
-
-def _server_figures(window: PathWindow) -> dict[str, Any]:
-    server, _ = ttft_figures(window.server_ttft_ms, window.server_bins)
-    client, _ = ttft_figures(window.client_ttft_ms, window.client_bins)
-    return {
-        "requests": window.requests,
-        "errors": window.errors,
-        "error_rate": _rate(window.errors, window.requests),
-        "server_ttft_ms": server,
-        "client_ttft_ms": client,
     }
 
 

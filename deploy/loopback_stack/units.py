@@ -14,13 +14,15 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from assistant.worker import SERVERS
+
 from .envfile import read_env_file
 from .layout import DEFAULT_PATH, ROOT, SYSTEMD_DIR, Layout
 from .processes import Supervisor
 from .report import StackError, say, tail
 
-#: The worker unit template of each server a site can run on.
-WORKER_UNITS = {"daphne": "chatsite@.service", "uvicorn": "chatsite-uvicorn@.service"}
+#: The worker unit template of each server a site can run on (``assistant.worker.SERVERS``).
+WORKER_UNITS = dict(zip(SERVERS, ("chatsite@.service", "chatsite-uvicorn@.service"), strict=True))
 #: A site with a pool of each (deploy/nginx/chatsite-servers.conf): half its workers Daphne's.
 BOTH = "both"
 SERVER_CHOICES = (*WORKER_UNITS, BOTH)
