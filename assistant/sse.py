@@ -56,6 +56,13 @@ def encode_json_event(payload: Any, *, event: str | None = None, id: str | None 
     return f"{_head(event, id, None)}data: {_JSON.encode(payload)}\n\n".encode()
 
 
+def encode_token_event(text: str, token_id: int) -> bytes:
+    """``encode_json_event({"text": text}, event="token", id=str(token_id))``, byte for byte, as
+    one format string: the frame every token of an answer is sent in (an integer id has no
+    line break or NUL to check)."""
+    return f'id: {token_id}\nevent: token\ndata: {{"text":{_JSON.encode(text)}}}\n\n'.encode()
+
+
 def encode_comment(text: str = "") -> bytes:
     """A comment frame (``: text``): ignored by parsers, keeps proxies and watchdogs awake."""
     lines = _LINE_BREAK.split(text)

@@ -3,19 +3,21 @@
 Servers cost CPU of their own, and on a shared machine a server's figures move from run to run
 (benchmarks/cost_per_answer.py measures them in interleaved rounds for that reason). This calls
 ``chatsite.asgi.application`` directly, as a server would, for one session's questions on the
-``direct`` path with the scripted engine at no delay (``--tokens`` tokens each), and reads the
-process's CPU time (every thread: the database threads' work counts) around ``--answers``
-answers, ``--concurrency`` at a time. What it measures is everything chatsite does for an
-answer (routing, CSRF, the session and admission read, the engine's stream, frames, the resume
-buffer, the slow-reader check where a connection is found, which here it is not, persistence,
-metrics) and nothing of a server's: no socket, no parsing of HTTP.
+``direct`` path with the scripted engine (``--tokens`` tokens each, at no delay unless
+``--ttft-ms``/``--itl-ms`` give the engine's waits, which wake each answer from a timer per token
+as on a server), and reads the process's CPU time (every thread: the database threads' work
+counts) around ``--answers`` answers, ``--concurrency`` at a time. What it measures is
+everything chatsite does for an answer (routing, CSRF, the session and admission read, the
+engine's stream, frames, the resume buffer, the slow-reader check where a connection is found,
+which here it is not, persistence, metrics) and nothing of a server's: no socket, no parsing
+of HTTP.
 
 ``--profile`` runs the same answers again under cProfile and prints the functions with the most
 time of their own, and chatsite's by the time spent in them and what they call. Times under the
 profiler are inflated; its call counts are exact.
 
     python benchmarks/answer_path.py [--answers 2000] [--tokens 20] [--concurrency 1]
-                                     [--rounds 3] [--profile]
+                                     [--rounds 3] [--ttft-ms 0] [--itl-ms 0] [--profile]
 
 Each answer's log line goes to stderr, as a worker's does: ``CHATSITE_LOG_LEVEL=WARNING``
 quiets them.
@@ -162,6 +164,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--answers", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--ttft-ms", type=int, default=0, help="scripted engine")
+    parser.add_argument("--itl-ms", type=int, default=0, help="scripted engine")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
@@ -177,8 +181,8 @@ def measure(args: argparse.Namespace, db: Path) -> None:
         **BENCHMARK_ENV,
         "DJANGO_SETTINGS_MODULE": "chatsite.settings",
         "CHATSITE_ENGINE": "scripted",
-        "CHATSITE_SCRIPTED_TTFT_MS": "0",
-        "CHATSITE_SCRIPTED_ITL_MS": "0",
+        "CHATSITE_SCRIPTED_TTFT_MS": str(args.ttft_ms),
+        "CHATSITE_SCRIPTED_ITL_MS": str(args.itl_ms),
         "CHATSITE_SCRIPTED_TOKENS": str(args.tokens),
         "CHATSITE_SQLITE_PATH": str(db),
         "CHATSITE_MAX_STREAMS": "0",

@@ -56,7 +56,11 @@ class AnswerBuffer:
     #: Every listener went away (until one resumes). Before the first one comes, the response
     #: that opened the answer is about to listen.
     abandoned: bool = False
+    #: ``RESUME_MAX_BYTES`` when the answer began (read once, not at every frame).
+    max_bytes: int = field(default_factory=lambda: settings.CHATSITE_STREAM["RESUME_MAX_BYTES"])
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Listeners waiting on ``_changed`` now: with none, a new frame wakes nobody.
+    _waiting: int = 0
     _grace: asyncio.TimerHandle | None = None
     _poll: asyncio.TimerHandle | None = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
@@ -65,7 +69,7 @@ class AnswerBuffer:
         """Keep ``frame``. Past ``RESUME_MAX_BYTES`` nothing more is kept, and a later resume is
         refused: the answer is then in the database when it ends."""
         self.size += len(frame)
-        if self.size <= settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]:
+        if self.size <= self.max_bytes:
             self.frames.append((token_id, frame))
         self._wake()
 
@@ -87,7 +91,7 @@ class AnswerBuffer:
     @property
     def complete(self) -> bool:
         """Every frame is still in the buffer."""
-        return self.size <= settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]
+        return self.size <= self.max_bytes
 
     def attach(self) -> None:
         self.listeners += 1
@@ -133,8 +137,9 @@ class AnswerBuffer:
             self._poll = None
 
     def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        if self._waiting:
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
 
     def sent(self) -> None:
         """Every frame kept so far has been taken by a listener."""
@@ -154,8 +159,14 @@ class AnswerBuffer:
                     yield frame
             if self.finished:
                 return
+            self._waiting += 1
             try:
                 async with asyncio.timeout(ping_interval):
                     await self._changed.wait()
+                quiet = False
             except TimeoutError:
+                quiet = True
+            finally:
+                self._waiting -= 1
+            if quiet:
                 yield PING

@@ -51,7 +51,7 @@ class Frames:
 
     def token(self, text: str, token_id: int) -> bytes:
         """One piece of the answer; ``token_id`` counts from 1 and is what a resume names."""
-        return sse.encode_json_event({"text": text}, event="token", id=str(token_id))
+        return sse.encode_token_event(text, token_id)
 
     def queue(self, position: int) -> bytes:
         """Where the request stands in the engine's queue (1: next)."""

@@ -88,3 +88,13 @@ def test_comments() -> None:
     assert sse.encode_comment("ping") == b": ping\n\n"
     assert sse.encode_comment() == b":\n\n"
     assert sse.encode_comment("a\nb") == b": a\n: b\n\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Hello", " world", "", 'a "quote" \\ slash', "line\nbreak\r\n", "光合作用", "\x00\x1f", "😀"],
+)
+@pytest.mark.parametrize("token_id", [1, 42, 100000])
+def test_token_event_is_the_json_event_byte_for_byte(text: str, token_id: int) -> None:
+    expected = sse.encode_json_event({"text": text}, event="token", id=str(token_id))
+    assert sse.encode_token_event(text, token_id) == expected
