@@ -9,22 +9,29 @@ The servers, one at a time, each on loopback (as in benchmarks/added_latency.py)
 * ``chatsite``: one Daphne worker with chatsite's ``direct`` path on the scripted engine, with
   the production settings except the limits meant for one client (one session asks every
   question here): no cap on streams per session, per address or per worker;
-* ``chatsite-uvicorn``: the same application under uvicorn[standard] instead of Daphne (not a
-  production configuration yet: there the slow-reader guard finds no connection and is off).
+* ``chatsite-uvicorn``: the same application under uvicorn[standard] instead of Daphne
+  (``python -m chatsite.uvicorn_server``, its production worker).
+
+``--through nginx`` measures the production profile instead (benchmarks/capacity_nginx.py):
+chatsite's loopback stack (the shipped nginx site, ``--workers`` workers, PostgreSQL and Redis,
+a session per student, a class of 60 per loopback address) and the peer behind an nginx that
+does what chatsite's stream location does; the CPU counted is the box's (nginx, the server,
+and PostgreSQL and Redis where chatsite uses them).
 
 Every student asks in a closed loop, a new connection per question; the engine takes
 ``--ttft-ms`` to the first token, then writes ``--tokens`` tokens ``--itl-ms`` apart. For each
 server the number of students doubles from ``--start`` until a level fails, then the interval is
 halved until it is within ``--resolution`` of the largest pass (assistant/benchmarking/capacity.py).
 
-With two or more cores the server runs on core 0 and the load generator on core 1, so neither
-takes CPU from the other; both CPU figures are printed (a share of one core).
+With two or more cores the server (and nginx) runs on core 0 and the load generator on core 1,
+so neither takes CPU from the other; both CPU figures are printed (a share of one core).
 
     python benchmarks/capacity.py [--servers bare uvicorn chatsite] [--start 50] [--most 3200]
+                                  [--through nginx] [--workers 1]
 
 ``--profile DIR`` samples the server during each level with py-spy (as in
 benchmarks/added_latency.py; py-spy runs on the load generator's core) and prints the top of
-each profile. The sampling costs CPU: take the capacities from runs without it.
+each profile (directly only). The sampling costs CPU: take the capacities from runs without it.
 """
 
 import argparse
@@ -35,7 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +67,8 @@ from benchmarks.added_latency import (  # noqa: E402
     profile_show,
     profile_start,
 )
-from benchmarks.load import raise_open_files  # noqa: E402
+from benchmarks.capacity_nginx import Box, BoxClock, box_start, pin_box  # noqa: E402
+from benchmarks.load import class_address, raise_open_files  # noqa: E402
 
 SERVER_CORE, CLIENT_CORE = {0}, {1}
 
@@ -114,18 +124,43 @@ def start(
     return port, server.process.pid, request, server, None
 
 
+class PidClock:
+    """The CPU seconds of process ``pid`` (its threads included) since ``start``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.began = pid, 0.0
+
+    def start(self) -> None:
+        self.began = cpu_seconds(self.pid)
+
+    def stop(self) -> float:
+        return cpu_seconds(self.pid) - self.began
+
+
 def measure(
-    name: str, port: int, pid: int, request: bytes, students: int, args: argparse.Namespace
+    port: int,
+    requests: bytes | list[bytes],
+    students: int,
+    *,
+    args: argparse.Namespace,
+    clock: PidClock | BoxClock,
+    source: Callable[[int], str] | None = None,
 ) -> Level:
-    spy = profile_start(args.profile, pid, f"{name}-{students}")
+    """One level: ``students`` asking ``port`` in a closed loop, and the server's CPU over it
+    as ``clock`` reads it."""
     wall = time.perf_counter()
-    server_before = cpu_seconds(pid)
+    clock.start()
     answers, client_cpu_s = asyncio.run(
-        crowd(port, request, students, warmup_s=args.warmup_s, measure_s=args.measure_s)
+        crowd(
+            port,
+            requests,
+            students,
+            warmup_s=args.warmup_s,
+            measure_s=args.measure_s,
+            source=source,
+        )
     )
-    server_cpu_s = cpu_seconds(pid) - server_before
-    wall_s = time.perf_counter() - wall
-    profile_show(spy)
+    server_cpu_s = clock.stop()
     return level_figures(
         students,
         answers,
@@ -134,8 +169,17 @@ def measure(
         measure_s=args.measure_s,
         server_cpu_s=server_cpu_s,
         client_cpu_s=client_cpu_s,
-        wall_s=wall_s,
+        wall_s=time.perf_counter() - wall,
     )
+
+
+def measure_direct(
+    name: str, port: int, pid: int, request: bytes, students: int, *, args: argparse.Namespace
+) -> Level:
+    spy = profile_start(args.profile, pid, f"{name}-{students}")
+    level = measure(port, request, students, args=args, clock=PidClock(pid))
+    profile_show(spy)
+    return level
 
 
 def show(name: str, level: Level, args: argparse.Namespace) -> None:
@@ -170,6 +214,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--warmup-s", type=float, default=3)
     parser.add_argument("--measure-s", type=float, default=10)
+    parser.add_argument(
+        "--through",
+        choices=["direct", "nginx"],
+        default="direct",
+        help="nginx: the production profile (benchmarks/capacity_nginx.py)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="chatsite's, behind nginx")
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument(
         "--profile", type=Path, help="sample the server at each level with py-spy, into DIR"
@@ -180,34 +231,29 @@ def main() -> None:
     pinned = len(os.sched_getaffinity(0)) >= 2
     if pinned:
         os.sched_setaffinity(0, CLIENT_CORE)
+    box = "nginx and the server" if args.through == "nginx" else "server"
     print(
-        "server on core 0, load generator on core 1"
+        f"{box} on core 0, load generator on core 1"
         if pinned
-        else "server and load generator share the cores"
+        else f"{box} and load generator share the cores"
     )
     print(f"uvicorn: {uvicorn_kind()}\n", flush=True)
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for name in args.servers:
+            if args.through == "nginx":
+                with box_start(name, args, Path(folder)) as nginx_box:
+                    if pinned:
+                        pin_box(nginx_box, SERVER_CORE)
+                    results[name] = search(name, args, partial(measure_box, nginx_box, args))
+                continue
             port, pid, request, server, process = start(name, args, Path(folder))
             if pinned:
                 pin(pid, SERVER_CORE)
             try:
                 asyncio.run(crowd(port, request, 5, warmup_s=0, measure_s=1))  # warm up
-                passed: list[int] = []
-                failed: list[int] = []
-                levels = results.setdefault(name, [])
-                while (
-                    students := next_level(
-                        passed, failed, start=args.start, most=args.most, resolution=args.resolution
-                    )
-                ) is not None:
-                    level = measure(name, port, pid, request, students, args)
-                    show(name, level, args)
-                    passes = level.passes(args.itl_limit_ms, args.ttft_limit_ms)
-                    (passed if passes else failed).append(students)
-                    levels.append(asdict(level))
-                print(f"{name}: {max(passed, default=0)} students\n", flush=True)
+                one = partial(measure_direct, name, port, pid, request, args=args)
+                results[name] = search(name, args, one)
             finally:
                 if server is not None:
                     server.stop()
@@ -216,6 +262,39 @@ def main() -> None:
                     process.wait()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def search(name: str, args: argparse.Namespace, one: Callable[[int], Level]) -> list[dict]:
+    """The levels tried for server ``name`` (``one`` measures a level), until its capacity is
+    found; prints each, then the capacity."""
+    passed: list[int] = []
+    failed: list[int] = []
+    levels = []
+    while (
+        students := next_level(
+            passed, failed, start=args.start, most=args.most, resolution=args.resolution
+        )
+    ) is not None:
+        level = one(students)
+        show(name, level, args)
+        passes = level.passes(args.itl_limit_ms, args.ttft_limit_ms)
+        (passed if passes else failed).append(students)
+        levels.append(asdict(level))
+    print(f"{name}: {max(passed, default=0)} students\n", flush=True)
+    return levels
+
+
+def measure_box(box: Box, args: argparse.Namespace, students: int) -> Level:
+    """One level through nginx: every student their own request (a session each, for
+    chatsite), a class of them per loopback address; the CPU of nginx, the server and the
+    services it uses (``capacity_nginx.BOX_ROLES``)."""
+    requests = box.requests_for(students) if box.ask else box.requests
+    if not box.warm:
+        asyncio.run(crowd(box.port, requests[:5], 5, warmup_s=0, measure_s=1, source=class_address))
+        box.warm = True
+    return measure(
+        box.port, requests, students, args=args, clock=BoxClock(box), source=class_address
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .stats import percentile
@@ -61,13 +61,17 @@ class Markers:
         return tokens, done > 0, error > 0
 
 
-async def answer(port: int, request: bytes, *, timeout_s: float = 30) -> Answer:
-    """Send ``request`` on a new loopback connection and read the answer to its end."""
+async def answer(
+    port: int, request: bytes, *, timeout_s: float = 30, source: str | None = None
+) -> Answer:
+    """Send ``request`` on a new loopback connection (from address ``source``, if given) and
+    read the answer to its end."""
     result = Answer(sent=time.perf_counter())
     writer = None
+    local = (source, 0) if source else None
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)
             result.sent = time.perf_counter()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -99,12 +103,21 @@ async def answer(port: int, request: bytes, *, timeout_s: float = 30) -> Answer:
 
 
 async def crowd(
-    port: int, request: bytes, students: int, *, warmup_s: float, measure_s: float
+    port: int,
+    request: bytes | Sequence[bytes],
+    students: int,
+    *,
+    warmup_s: float,
+    measure_s: float,
+    source: Callable[[int], str] | None = None,
 ) -> tuple[list[Answer], float]:
     """``students`` students asking in a closed loop; the answers asked for during the
     ``measure_s`` seconds after ``warmup_s`` (those started earlier or later are left out), and
     the client's own CPU seconds over the run. The students start spread over the first second
-    of the warm-up, not all in the same instant."""
+    of the warm-up, not all in the same instant. ``request``: one for every student, or one per
+    student (student ``i`` sends number ``i`` modulo their count: a session each); ``source``:
+    the loopback address student ``i`` connects from (a class's, behind its school's NAT)."""
+    asks = [request] if isinstance(request, bytes) else list(request)
     start = time.perf_counter()
     begin, end = start + warmup_s, start + warmup_s + measure_s
     kept: list[Answer] = []
@@ -112,8 +125,9 @@ async def crowd(
 
     async def student(i: int) -> None:
         await asyncio.sleep(i / students)
+        mine, address = asks[i % len(asks)], source(i) if source else None
         while time.perf_counter() < end:
-            one = await answer(port, request)
+            one = await answer(port, mine, source=address)
             if begin <= one.sent < end:
                 kept.append(one)
             if one.error:

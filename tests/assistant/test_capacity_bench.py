@@ -136,3 +136,29 @@ def test_students_in_a_closed_loop_read_whole_answers_from_daphne(worker: LiveSe
     refused, _ = asyncio.run(crowd(worker.port, forged, 1, warmup_s=0, measure_s=0.3))
     assert refused and all(a.error and a.error.startswith("HTTP/1.1 403") for a in refused)
     assert list(itertools.chain.from_iterable(a.gaps_s for a in refused)) == []
+
+
+def test_each_student_sends_their_own_request_from_their_own_address() -> None:
+    seen: set[tuple[str, str]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        path = head.split(b" ", 2)[1].decode()
+        seen.add((writer.get_extra_info("peername")[0], path))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + STREAM)
+        await writer.drain()
+        writer.close()
+
+    async def run() -> list[Answer]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        requests = [f"GET /s{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(3)]
+        async with server:
+            answers, _ = await crowd(
+                port, requests, 3, warmup_s=0, measure_s=1.0, source=lambda i: f"127.0.2.{i + 1}"
+            )
+        return answers
+
+    answers = asyncio.run(run())
+    assert answers and all(a.error is None and a.tokens == 7 for a in answers)
+    assert seen == {("127.0.2.1", "/s0"), ("127.0.2.2", "/s1"), ("127.0.2.3", "/s2")}
