@@ -5,9 +5,12 @@ server of the worker that served it, and the staff dashboard's figures compare t
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from assistant.benchmarking.ports import free_port
 from assistant.models import StreamRecord
@@ -91,9 +94,15 @@ def test_sessions_split_between_the_servers_and_stay(
     assert 0.2 <= shares["uvicorn"] <= 0.8, shares
 
     servers = traffic_snapshot(window_s=300, baseline="direct", candidate="django")["servers"]
-    assert {name: figures["requests"] for name, figures in servers.items()} == {
-        name: len(ids) for name, ids in request_ids.items()
-    }
+    # Workers of earlier tests may store an answer after those tests' tables were emptied (one
+    # that ran on for its resume grace): the dashboard counts what the database holds.
+    stored = Counter(
+        StreamRecord.objects.filter(created_at__gte=timezone.now() - timedelta(seconds=300))
+        .exclude(server="")
+        .values_list("server", flat=True)
+    )
+    assert {name: figures["requests"] for name, figures in servers.items()} == stored
+    assert all(stored[name] >= len(ids) for name, ids in request_ids.items()), stored
 
 
 def test_a_dropped_answer_resumes_in_its_sessions_pool(site: NginxServer) -> None:
