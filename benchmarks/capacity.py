@@ -292,9 +292,11 @@ def measure_box(box: Box, args: argparse.Namespace, students: int) -> Level:
     if not box.warm:
         asyncio.run(crowd(box.port, requests[:5], 5, warmup_s=0, measure_s=1, source=class_address))
         box.warm = True
-    return measure(
-        box.port, requests, students, args=args, clock=BoxClock(box), source=class_address
-    )
+    clock = BoxClock(box)
+    level = measure(box.port, requests, students, args=args, clock=clock, source=class_address)
+    spent = ", ".join(f"{role} {seconds:.1f}" for role, seconds in clock.spent.items())
+    print(f"  box CPU s, the level below: {spent}", flush=True)
+    return level
 
 
 if __name__ == "__main__":

@@ -96,13 +96,16 @@ class BoxClock:
 
     def __init__(self, box: Box) -> None:
         self.meter = box.meter()
+        #: CPU seconds by role over the last level.
+        self.spent: dict[str, float] = {}
 
     def start(self) -> None:
         self.meter.start()
 
     def stop(self) -> float:
-        spent = self.meter.stop()
-        return sum(spent.get(role, 0.0) for role in BOX_ROLES)
+        reading = self.meter.stop()
+        self.spent = {role: reading.get(role, 0.0) for role in BOX_ROLES}
+        return sum(self.spent.values())
 
 
 def family(pid: int) -> list[int]:
