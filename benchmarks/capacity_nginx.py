@@ -103,7 +103,7 @@ class BoxClock:
         self.meter.start()
 
     def stop(self) -> float:
-        reading = self.meter.stop()
+        reading = self.meter.stop(digits=3)
         self.spent = {role: reading.get(role, 0.0) for role in BOX_ROLES}
         return sum(self.spent.values())
 

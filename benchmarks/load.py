@@ -319,7 +319,8 @@ class Meter:
         self.machine, self.began = _machine(), time.perf_counter()
         self.overflows = _listen_overflows()
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self, digits: int = 1) -> dict[str, Any]:
+        """The CPU seconds by role since ``start`` (rounded to ``digits``), and the machine's."""
         info, machine = _processes(), _machine()
         wall = time.perf_counter() - self.began
         spent_by = {k: v - self.machine[k] for k, v in machine.items()}
@@ -330,7 +331,7 @@ class Meter:
             (spent if role else others)[role or name] += cpu - self.before.get(pid, 0.0)
         spent["other"] = spent_by["processes"] - sum(spent.values())
         return {
-            **{role: round(seconds, 1) for role, seconds in spent.items()},
+            **{role: round(seconds, digits) for role, seconds in spent.items()},
             "other_top": {k: round(v, 1) for k, v in others.most_common(3) if v >= 0.5},
             "interrupts": round(spent_by["interrupts"], 1),
             "steal": round(spent_by["steal"], 1),

@@ -10,12 +10,13 @@ Daphne's (docs/performance.md).
 **A graceful drain**: on SIGTERM (or SIGINT) the worker stops accepting connections, so nginx
 sends new requests to the other workers; idle connections close at once and each busy one once
 its response ends; the staff dashboard's live streams end (their pages reconnect elsewhere); it
-goes on serving what it has open until nothing is left or ``CHATSITE_DRAIN_S`` (25 s) has
-passed; then what is still open is cancelled, every answer stored (``assistant/lifespan.py``),
-and the process exits 0. A second signal cancels what is open at once, and still stores it.
-uvicorn's own handling differs in two ways chatsite cannot have: a second SIGTERM there does not
-hurry the stop, and the process ends by raising the signal again, which skips ``atexit`` (the
-worker's live Prometheus gauges would never be marked dead).
+goes on serving what it has open until nothing is left or ``CHATSITE_DRAIN_S`` (25 s; 0 for
+none) has passed; then what is still open is cancelled, every answer stored
+(``assistant/lifespan.py``), and the process exits 0. uvicorn logs how many requests it
+cancelled, without a traceback for each (``CutByTheStop``). A second signal cancels what is
+open at once, and still stores it. uvicorn's own handling differs in two ways chatsite cannot
+have: a second SIGTERM there does not hurry the stop, and the process ends by raising the signal
+again, which skips ``atexit`` (the worker's live Prometheus gauges would never be marked dead).
 
 **A longer listen backlog**: ``CHATSITE_LISTEN_BACKLOG`` (2048).
 
@@ -166,8 +167,20 @@ class ChatsiteUvicorn(uvicorn.Server):
 
 def graceful_shutdown_s(drain_s: float) -> int:
     """uvicorn's ``timeout_graceful_shutdown`` for a drain of ``drain_s``: it takes whole
-    seconds (at least 1), and a drain is never cut shorter than asked."""
-    return max(1, math.ceil(drain_s))
+    seconds, and a drain is never cut shorter than asked; 0 is no drain (what is open is
+    cancelled at once, as under Daphne)."""
+    return max(0, math.ceil(drain_s))
+
+
+class CutByTheStop(logging.Filter):
+    """Leaves out uvicorn's "Exception in ASGI application" traceback for a request it cancelled
+    at the drain's end (or at a second signal): a request cut by the stop is no failure of the
+    application (its answer is stored, and uvicorn logs once how many it cancelled). Any other
+    exception is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, asyncio.CancelledError)
 
 
 def config(host: str, port: int) -> uvicorn.Config:
@@ -191,6 +204,7 @@ def config(host: str, port: int) -> uvicorn.Config:
 
     # uvicorn's own lines (start, stop, errors) in the format of chatsite's (plain or JSON).
     logging.getLogger("uvicorn").handlers = list(logging.getLogger("assistant").handlers)
+    logging.getLogger("uvicorn.error").addFilter(CutByTheStop())
 
     config.backlog = settings.CHATSITE_CLIENTS["LISTEN_BACKLOG"]
     config.timeout_graceful_shutdown = graceful_shutdown_s(settings.CHATSITE_STREAM["DRAIN_S"])

@@ -7,18 +7,29 @@ loopback sent real signals.
 - A worker stopped by SIGTERM exits 0 and marks its live Prometheus gauges dead (``atexit``),
   which uvicorn's own handling skips (it ends the process by raising the signal again).
 - A second SIGTERM stops the worker at once, and the partial answer is still stored.
+- With no drain (``CHATSITE_DRAIN_S=0``) a stop cuts what is open at once, under uvicorn too,
+  and stores it; neither server logs a traceback for a request the stop cut.
 - Under uvicorn, the listen backlog is ``CHATSITE_LISTEN_BACKLOG``.
 """
 
+import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from assistant.models import Message
-from tests.support import ChatClient, LiveServer, SSEReader, staff_cookies, wait_for
+from tests.support import (
+    ChatClient,
+    Event,
+    LiveServer,
+    SSEReader,
+    staff_cookies,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,10 +96,7 @@ def test_a_second_sigterm_stops_at_once_and_the_answer_is_stored(
     worker = worker_factory(CHATSITE_DRAIN_S=DRAIN_S)
     client = ChatClient(worker)
     try:
-        stream = client.raw({"message": "[scripted tokens=400 itl_ms=50] A long story"}).events()
-        events = [next(stream)]
-        while len([e for e in events if e.event == "token"]) < 5:
-            events.append(next(stream))
+        _stream, events = long_answer_begun(client)
         worker.process.send_signal(signal.SIGTERM)
         # Draining, the answer still streaming (20 s of it are left); two signals sent at once
         # could reach the handler as one.
@@ -105,6 +113,42 @@ def test_a_second_sigterm_stops_at_once_and_the_answer_is_stored(
     assert "Asked again to stop: stopping now" in log, log[-2000:]
     # Far inside the 20 s drain: a sanity bound, not a measurement.
     assert waited < 15, log[-2000:]
+    assert_stored_partial(events)
+    assert "Traceback" not in log, log[-3000:]
+
+
+@SERVERS
+def test_with_no_drain_a_stop_cuts_at_once_stores_and_logs_no_traceback(
+    worker_factory, server_kind: str
+) -> None:
+    """``CHATSITE_DRAIN_S=0``: the answer in flight is cut at the stop (uvicorn's own minimum
+    of a second is not imposed), stored, and counted in one line, not a traceback each."""
+    worker = worker_factory(CHATSITE_DRAIN_S="0")
+    client = ChatClient(worker)
+    try:
+        _stream, events = long_answer_begun(client)
+        code, log = stop(worker)
+    finally:
+        client.close()
+    assert code == 0, log[-2000:]
+    draining = r"Draining: accepting no more, 1 requests open on \d+ connections, up to 0 s"
+    assert re.search(draining, log), log[-2000:]
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert_stored_partial(events)
+
+
+def long_answer_begun(client: ChatClient) -> tuple[Iterator[Event], list[Event]]:
+    """A 20 s answer's stream (the connection open as long as it is kept) and its first events,
+    five of its tokens among them."""
+    stream = client.raw({"message": "[scripted tokens=400 itl_ms=50] A long story"}).events()
+    events = [next(stream)]
+    while len([e for e in events if e.event == "token"]) < 5:
+        events.append(next(stream))
+    return stream, events
+
+
+def assert_stored_partial(events: list[Event]) -> None:
+    """The answer these events began is stored, cut short, with what it had said."""
     meta = events[0].json()
     answer = wait_for(lambda: Message.objects.filter(id=meta["message"]).first(), timeout=10)
     assert answer is not None and answer.status == "partial"
