@@ -31,7 +31,8 @@ so neither takes CPU from the other; both CPU figures are printed (a share of on
 
 ``--profile DIR`` samples the server during each level with py-spy (as in
 benchmarks/added_latency.py; py-spy runs on the load generator's core) and prints the top of
-each profile (directly only). The sampling costs CPU: take the capacities from runs without it.
+each profile (through nginx, the first worker). The sampling costs CPU: take the capacities from
+runs without it.
 """
 
 import argparse
@@ -293,7 +294,10 @@ def measure_box(box: Box, args: argparse.Namespace, students: int) -> Level:
         asyncio.run(crowd(box.port, requests[:5], 5, warmup_s=0, measure_s=1, source=class_address))
         box.warm = True
     clock = BoxClock(box)
+    worker = min(pid for pid, role in box.roles.items() if role == "server")
+    spy = profile_start(args.profile, worker, f"{box.name}-{students}")
     level = measure(box.port, requests, students, args=args, clock=clock, source=class_address)
+    profile_show(spy)
     spent = ", ".join(f"{role} {seconds:.1f}" for role, seconds in clock.spent.items())
     print(f"  box CPU s, the level below: {spent}", flush=True)
     return level

@@ -68,6 +68,8 @@ server {{
 class Box:
     """A server behind nginx: where the students ask, what they send, and whose CPU counts."""
 
+    #: The server's name (``capacity.py --servers``).
+    name: str
     port: int
     #: The processes of the box (pid -> role; their children count too).
     roles: dict[int, str]
@@ -171,7 +173,7 @@ def chatsite_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
             return build_request(stack.port, QUESTION, cookies, page.cookies["csrftoken"])
 
         try:
-            yield Box(port=stack.port, roles=roles, database=stack.name, ask=ask)
+            yield Box(name=name, port=stack.port, roles=roles, database=stack.name, ask=ask)
         finally:
             browser.close()
 
@@ -202,7 +204,12 @@ def peer_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
         supervisor.wait_listening("nginx", port, work / "error.log")
         request = build_request(port, QUESTION)
         nginx = started["nginx"].pid
-        yield Box(port=port, roles={nginx: "nginx", process.pid: "server"}, requests=[request])
+        yield Box(
+            name=name,
+            port=port,
+            roles={nginx: "nginx", process.pid: "server"},
+            requests=[request],
+        )
     finally:
         if "nginx" in started:
             supervisor.stop("nginx", started["nginx"])

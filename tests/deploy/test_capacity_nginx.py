@@ -12,7 +12,7 @@ from benchmarks.capacity_nginx import box_start
 
 # Short answers close together: enough CPU in a second that the box's clock ticks (10 ms).
 ARGS = argparse.Namespace(
-    ttft_ms=5, tokens=20, itl_ms=2, most=10, workers=1, warmup_s=0.2, measure_s=1.0
+    ttft_ms=5, tokens=20, itl_ms=2, most=10, workers=1, warmup_s=0.2, measure_s=1.0, profile=None
 )
 
 
