@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from assistant import errors, http, sse
 from assistant.dashboard_strings import dashboard_strings
-from assistant.db import run_db, run_db_write
+from assistant.db import run_cache, run_db, run_db_write
 from assistant.engines import describe_serving
 from assistant.errors import Rejected
 from assistant.models import BreakerEvent
@@ -219,5 +219,5 @@ async def split_update(request: HttpRequest) -> HttpResponseBase:
         )
     except Rejected as rejected:
         return http.api_error(rejected.error)
-    await run_db(cache.delete_many, [f"chatsite:dashboard:{w}" for w in WINDOWS])
+    await run_cache("delete_many", [f"chatsite:dashboard:{w}" for w in WINDOWS])
     return HttpResponse(json.dumps({"split": split.describe()}), content_type="application/json")

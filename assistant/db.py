@@ -13,6 +13,11 @@ chatsite's queries are short and independent, so they run on two small pools of 
 
 Each call is wrapped like Django's request cycle: stale connections are closed before and after,
 and persistent connections (``CONN_MAX_AGE``) are reused between calls on the same thread.
+
+The cache is reached the same way, through ``run_cache``. Django keeps a cache client per
+thread, and on the event loop one per task (each task's context is its own): ``cache.get``
+looked up on the event loop would make a new client for each request, and with Redis a new
+connection to it. Looked up on a reader thread, it is that thread's client, connected once.
 """
 
 import asyncio
@@ -20,8 +25,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import close_old_connections
 
 _pools: dict[str, ThreadPoolExecutor] = {}
@@ -69,3 +76,12 @@ async def run_db_bulk[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.k
 async def run_db_write[**P, R](func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """Run the synchronous write ``func`` on a writer thread and await its result."""
     return await _run("write", func, *args, **kwargs)
+
+
+def _cache_call(method: str, *args: Any) -> Any:
+    return getattr(cache, method)(*args)
+
+
+async def run_cache(method: str, *args: Any) -> Any:
+    """``cache.<method>(*args)`` on a reader thread, with that thread's own cache client."""
+    return await run_db(_cache_call, method, *args)

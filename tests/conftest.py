@@ -3,13 +3,22 @@ import secrets
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
-from tests.support import ChatClient, LiveServer, NginxServer, start_daphne, start_nginx
+from tests.support import (
+    REDIS_URL,
+    ChatClient,
+    LiveServer,
+    NginxServer,
+    start_daphne,
+    start_nginx,
+)
 
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
@@ -202,3 +211,15 @@ def nginx_factory(
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A key prefix of this test's own in the machine's Redis; its keys are deleted after."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{name}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()

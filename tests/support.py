@@ -72,6 +72,10 @@ def start_daphne(
     )
 
 
+#: The machine's Redis (every machine this runs on has one, CI's included).
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
 class StubReactor:
     """Enough of a Twisted reactor for descriptors that are never really polled (none is
     installed)."""

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 
 from django.conf import settings
-from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
+from django.utils.module_loading import import_string
 
 from assistant import errors
 from assistant.db import run_db
@@ -81,8 +81,10 @@ def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
 
 
 def cache_in_process() -> bool:
-    """The cache is this process's memory: calls cost microseconds and need no thread."""
-    return isinstance(caches["default"], LocMemCache)
+    """The cache is this process's memory: calls cost microseconds and need no thread. Read from
+    the settings: ``caches`` on the event loop makes a cache client for each task
+    (``assistant.db.run_cache``)."""
+    return issubclass(import_string(settings.CACHES["default"]["BACKEND"]), LocMemCache)
 
 
 def chat_release(*, owner_key: str, request_id: str) -> None:

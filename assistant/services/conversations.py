@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils.translation import gettext
 
 from assistant import errors
-from assistant.db import run_db
+from assistant.db import run_cache
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
@@ -188,7 +188,7 @@ async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
     try:
         if cache_in_process():
             return cache.get(key) is not None
-        return await run_db(cache.get, key) is not None
+        return await run_cache("get", key) is not None
     except Exception:
         logger.warning("Could not tell whether conversation %s was deleted", conversation_id)
         return False

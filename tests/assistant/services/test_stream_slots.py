@@ -3,34 +3,22 @@ real Redis at 127.0.0.1:6379 (under a prefix of each test's own): the same behav
 atomic across threads, and one key per student whatever the cap."""
 
 import threading
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, SlotTry
+from tests.support import REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 TTL_S = 120.0
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    name = f"test-slots-{uuid.uuid4().hex[:12]}"
-    yield name
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{name}:*"))
-    if keys:
-        client.delete(*keys)
-
-
 @pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest, prefix: str) -> SlotStore:
+def store(request: pytest.FixtureRequest, redis_prefix: str) -> SlotStore:
     if request.param == "memory":
         return MemorySlots()
-    return RedisSlots(REDIS_URL, prefix)
+    return RedisSlots(REDIS_URL, redis_prefix)
 
 
 def take(store: SlotStore, request_id: str, *, limit: int = 2, now: float = NOW) -> SlotTry:
@@ -97,30 +85,30 @@ def test_requests_at_once_take_exactly_the_limit(store: SlotStore) -> None:
     assert len(taken) == 3, taken
 
 
-def test_one_key_per_student_whatever_the_cap(prefix: str) -> None:
+def test_one_key_per_student_whatever_the_cap(redis_prefix: str) -> None:
     """Redis holds one key per student, however high the cap and however many slots taken, and
     it expires with the last slot's time to live."""
-    store = RedisSlots(REDIS_URL, prefix)
+    store = RedisSlots(REDIS_URL, redis_prefix)
     for number in range(50):
         assert store.take("session:abc", f"r{number}", limit=100_000, ttl_s=TTL_S, now=NOW).taken
     client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*"))
-    assert keys == [f"{prefix}:chat:slots:session:abc".encode()]
+    keys = list(client.scan_iter(match=f"{redis_prefix}:*"))
+    assert keys == [f"{redis_prefix}:chat:slots:session:abc".encode()]
     assert 0 < client.pttl(keys[0]) <= TTL_S * 1000
     for number in range(50):
         store.release("session:abc", f"r{number}")
     assert client.zcard(keys[0]) == 0
 
 
-def test_redis_dates_slots_on_its_own_clock(prefix: str) -> None:
+def test_redis_dates_slots_on_its_own_clock(redis_prefix: str) -> None:
     """Without ``now`` (as the site calls it) a slot's time is Redis's, not the worker's: the
     workers' hosts may disagree about the time, Redis does not."""
-    store = RedisSlots(REDIS_URL, prefix)
+    store = RedisSlots(REDIS_URL, redis_prefix)
     assert store.take("session:abc", "r1", limit=1, ttl_s=TTL_S).taken
     client = redis.Redis.from_url(REDIS_URL)
     seconds, micros = client.time()
     redis_ms = seconds * 1000 + micros // 1000
-    score = client.zscore(f"{prefix}:chat:slots:session:abc", "r1")
+    score = client.zscore(f"{redis_prefix}:chat:slots:session:abc", "r1")
     assert score is not None and abs(score - (redis_ms + TTL_S * 1000)) < 5000
     assert store.take("session:abc", "r2", limit=1, ttl_s=TTL_S).holders == ("r1",)
     assert store.hand_over("session:abc", "r1", "r2", ttl_s=TTL_S)
