@@ -20,7 +20,7 @@ from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.admission import cache_in_process
 from assistant.services.chat_request import _UNSTORABLE
-from assistant.services.persistence import PersistenceFailed, Rows, rows_store
+from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
 from assistant.services.ratelimit import rate_limit_hit
 from assistant.services.telemetry import AnswerSummary, stream_record
 
@@ -147,20 +147,20 @@ async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
     same transaction): a request id used twice must not cost the answer.
 
     When the answer's conversation was deleted while it ran (``conversation_delete``), only the
-    record is stored, and one info line says so: nothing comes back to life. Deleted in the
-    moment between that check and the write, the writer refuses the rows (one warning line of
-    its own), and this ends in the same info line rather than a failure.
+    record is stored, and one info line says so: nothing comes back to life. The writer looks
+    for the cache's marks once for its whole batch (``persistence.deleted_dropped``), not once
+    per answer. Deleted in the moment between that look and the write, the writer refuses the
+    rows (one warning line of its own), and this ends in the same info line rather than a
+    failure.
     """
     record = Rows(records=[stream_record(summary)])
-    if await _conversation_deleted(summary.conversation_id):
-        _answer_dropped(summary)
-        await rows_store(record)
-        return
+    rows.unless_deleted = summary.conversation_id  # the writer looks, once per batch
     stored, recorded = await asyncio.gather(
         rows_store(rows), rows_store(record), return_exceptions=True
     )
-    if isinstance(stored, PersistenceFailed) and await _conversation_deleted(
-        summary.conversation_id
+    if rows.dropped or (
+        isinstance(stored, PersistenceFailed)
+        and await _conversation_deleted(summary.conversation_id)
     ):
         _answer_dropped(summary)
         stored = None
@@ -177,14 +177,10 @@ def _answer_dropped(summary: AnswerSummary) -> None:
     )
 
 
-def _deleted_key(conversation_id: uuid.UUID) -> str:
-    return f"conversation:deleted:{conversation_id}"
-
-
 async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
     """Whether ``conversation_delete`` deleted this conversation lately (its mark in the
     cache). False when the cache cannot say: the writer's refusal is the last word then."""
-    key = _deleted_key(conversation_id)
+    key = deleted_key(conversation_id)
     try:
         if cache_in_process():
             return cache.get(key) is not None
@@ -269,7 +265,7 @@ def conversation_delete(*, owner_key: str, conversation_id: uuid.UUID) -> None:
             raise ConversationNotFound(str(conversation_id))
         mine.delete()
     try:
-        cache.set(_deleted_key(conversation_id), True, timeout=DELETED_KEEP_S)
+        cache.set(deleted_key(conversation_id), True, timeout=DELETED_KEEP_S)
     except Exception:
         # Deleted all the same; a running answer's rows are then refused by the writer.
         logger.warning("Could not mark conversation %s deleted in the cache", conversation_id)

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import (
     IntegrityError,
     InterfaceError,
@@ -50,6 +51,10 @@ class Rows:
     records: list[StreamRecord] = field(default_factory=list)
     #: The records' request ids were replaced once already (``records_renamed``).
     renamed: bool = False
+    #: The conversation these rows belong to, when they are to be left out had it been deleted
+    #: meanwhile (``deleted_marked``); ``dropped`` says they were.
+    unless_deleted: uuid.UUID | None = None
+    dropped: bool = False
 
 
 def records_renamed(rows: Rows) -> bool:
@@ -141,8 +146,38 @@ def classes_gone(conversations: list[Conversation]) -> None:
             conversation.classroom_id = None
 
 
+def deleted_key(conversation_id: uuid.UUID) -> str:
+    """The cache key marking a conversation deleted (``conversations.conversation_delete``)."""
+    return f"conversation:deleted:{conversation_id}"
+
+
+def deleted_marked(ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    """Synchronous (cache): which of ``ids`` are marked deleted, in one round trip; none when
+    the cache cannot say (the database's refusal is the last word then)."""
+    try:
+        found = cache.get_many([deleted_key(i) for i in ids])
+    except Exception:
+        shown = ", ".join(sorted(map(str, ids)))
+        logger.warning("Could not tell whether conversations %s were deleted", shown)
+        return set()
+    return {i for i in ids if deleted_key(i) in found}
+
+
+def deleted_dropped(batch: list[Rows]) -> None:
+    """Leave out the rows of the batch's conversations deleted meanwhile (their messages and
+    touch; their records stay), marking them ``dropped``: one cache trip per batch."""
+    ids = {rows.unless_deleted for rows in batch if rows.unless_deleted is not None}
+    if not ids:
+        return
+    deleted = deleted_marked(ids)
+    for rows in batch:
+        if rows.unless_deleted in deleted:
+            rows.messages, rows.touch, rows.replaced, rows.dropped = [], [], [], True
+
+
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction, one statement per table."""
+    deleted_dropped(batch)
     with transaction.atomic():
         conversations = [c for rows in batch for c in rows.conversations]
         messages = [m for rows in batch for m in rows.messages]
