@@ -172,7 +172,8 @@ if REDIS_URL:
     }
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # Django's Redis cache, one client (one connection pool) per process.
+            "BACKEND": "assistant.cache.SharedRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": _redis_prefix,
         }

@@ -1,13 +1,17 @@
-"""A worker's connections to Redis do not grow with the answers it gives, under both servers.
+"""A worker's connections to Redis do not grow with the answers it gives or the pages it serves,
+under both servers.
 
-Django keeps a cache client per thread, and on the event loop one per task: a cache call looked
-up on the event loop made a new client for every answer, and with it a new connection to Redis
-(``assistant.db.run_cache``). Redis counts every connection it accepts
-(``total_connections_received``): once the worker's threads are warm, more answers must not add
-connections. The test runs alone against the machine's Redis, so nothing else connects meanwhile
-but this test's own counter reads.
+Django makes a cache object per thread and, on the event loop, per task; each of its Redis cache
+objects made its own client, so every answer (a cache call looked up on the event loop) and
+every page view (the session middleware's ``SessionStore``) opened a new connection to Redis.
+``assistant.cache.SharedRedisCache`` shares one client per process, and ``assistant.db.run_cache``
+looks the cache up on a reader thread. Redis counts every connection it accepts
+(``total_connections_received``): once the worker is warm, more answers and more page views must
+not add connections. The tests run alone against the machine's Redis, so nothing else connects
+meanwhile but their own counter reads.
 """
 
+import httpx
 import pytest
 import redis
 
@@ -54,3 +58,18 @@ def test_more_answers_open_no_more_connections_to_redis(
         client.close()
     # A few at most: a thread of a pool that had not run yet connects once. Per answer, 30.
     assert opened <= 3, f"{opened} connections to Redis for {COUNTED} answers"
+
+
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
+def test_more_page_views_open_no_more_connections_to_redis(
+    worker_factory, server_kind: str, redis_prefix: str
+) -> None:
+    worker = worker_factory(CHATSITE_REDIS_URL=REDIS_URL, CHATSITE_REDIS_PREFIX=redis_prefix)
+    with httpx.Client(base_url=worker.url, timeout=30) as browser:
+        for _ in range(WARM):
+            browser.get("/").raise_for_status()  # its session read from the cache each time
+        before = connections_received()
+        for _ in range(COUNTED):
+            browser.get("/").raise_for_status()
+        opened = connections_received() - before - 1
+    assert opened <= 3, f"{opened} connections to Redis for {COUNTED} page views"

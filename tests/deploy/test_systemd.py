@@ -727,6 +727,6 @@ def test_env_example_filled_in_is_the_production_profile() -> None:
     assert loaded["debug"] is False and loaded["tls"] is True
     assert loaded["hosts"] == env["DJANGO_ALLOWED_HOSTS"].split(",")
     assert loaded["database"] == "django.db.backends.postgresql"
-    assert loaded["cache"] == "django.core.cache.backends.redis.RedisCache"
+    assert loaded["cache"] == "assistant.cache.SharedRedisCache"
     assert loaded["engine"]["BACKEND"] == "assistant.engines.openai_http.OpenAIHTTPEngine"
     assert loaded["engine"]["OPTIONS"]["BASE_URL"] == env["CHATSITE_VLLM_URL"]
