@@ -14,10 +14,11 @@ chatsite's queries are short and independent, so they run on two small pools of 
 Each call is wrapped like Django's request cycle: stale connections are closed before and after,
 and persistent connections (``CONN_MAX_AGE``) are reused between calls on the same thread.
 
-The cache is reached the same way, through ``run_cache``. Django keeps a cache client per
+The cache is reached the same way, through ``run_cache``. Django keeps a cache object per
 thread, and on the event loop one per task (each task's context is its own): ``cache.get``
-looked up on the event loop would make a new client for each request, and with Redis a new
-connection to it. Looked up on a reader thread, it is that thread's client, connected once.
+looked up on the event loop makes a new one for each request. Looked up on a reader thread, it
+is that thread's. (The production profile's Redis cache objects share one client and its
+connections either way: ``assistant/cache.py``.)
 """
 
 import asyncio
@@ -83,5 +84,5 @@ def _cache_call(method: str, *args: Any) -> Any:
 
 
 async def run_cache(method: str, *args: Any) -> Any:
-    """``cache.<method>(*args)`` on a reader thread, with that thread's own cache client."""
+    """``cache.<method>(*args)`` on a reader thread, with that thread's own cache object."""
     return await run_db(_cache_call, method, *args)

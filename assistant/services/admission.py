@@ -82,7 +82,7 @@ def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
 
 def cache_in_process() -> bool:
     """The cache is this process's memory: calls cost microseconds and need no thread. Read from
-    the settings: ``caches`` on the event loop makes a cache client for each task
+    the settings: ``caches`` on the event loop makes a cache object for each task
     (``assistant.db.run_cache``)."""
     return issubclass(import_string(settings.CACHES["default"]["BACKEND"]), LocMemCache)
 

@@ -64,7 +64,7 @@ def test_a_batch_leaves_out_the_answers_of_conversations_marked_deleted(
     assert list(Message.objects.values_list("content", flat=True)) == ["stays"]
 
 
-def test_rows_not_asking_to_be_left_out_cost_no_look(marks: list[uuid.UUID]) -> None:
+def test_rows_not_asking_to_be_left_out_cost_no_look() -> None:
     conversation = Conversation.objects.create(owner_key="owner", title="kept")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(persistence.cache, "get_many", lambda keys: pytest.fail("looked"))
