@@ -1,8 +1,9 @@
 """Per-student limits, checked in the same trip to a database thread as the session lookup, so
 they add no wait before the first token: a rate limit, and a cap on answers streaming at once.
 
-The rate lives in Django's cache, the slots in ``services/stream_slots`` (Redis in the
-production profile, so every worker counts together; one round trip each, whatever the cap).
+The rate's count lives in Django's cache, the slots in ``services/stream_slots`` (Redis in the
+production profile, so every worker counts together); a question's count and its first try for
+a slot are one step of the slot store, one round trip to Redis whatever the cap.
 Synchronous: call through ``assistant.db.run_db``.
 """
 
@@ -18,8 +19,8 @@ from assistant import errors
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.answer_registry import answer_preempt
-from assistant.services.ratelimit import rate_limit_hit
-from assistant.services.stream_slots import SlotTry, slot_store, slots_in_process
+from assistant.services.ratelimit import rate_window
+from assistant.services.stream_slots import RateCount, SlotTry, slot_store, slots_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +35,21 @@ SLOT_WAIT_S = 1.0
 def chat_admit(*, owner_key: str, request_id: str, rate: int | None = None) -> SlotTry:
     """Count this chat request against the owner's rate (``rate`` per window, else the site's;
     ``Rejected``, 429 with Retry-After, when over it) and try to take a stream slot (when all
-    are taken: ``chat_slot_wait``)."""
-    limit, window = settings.CHATSITE_RATE_LIMITS["chat"]
+    are taken: ``chat_slot_wait``), in one step of the slot store (one round trip to Redis)."""
+    limit, window_s = settings.CHATSITE_RATE_LIMITS["chat"]
     if rate is not None:
         limit = rate
-    retry_after = rate_limit_hit(scope="chat", key=owner_key, limit=limit, window_s=window)
-    if retry_after is not None:
-        raise Rejected(errors.RATE_LIMITED, retry_after=retry_after)
-    return chat_slot_take(owner_key=owner_key, request_id=request_id)
+    window = rate_window(scope="chat", key=owner_key, window_s=window_s)
+    tried = slot_store().take(
+        owner_key,
+        request_id,
+        limit=settings.CHATSITE_STREAM["STREAMS_PER_SESSION"],
+        ttl_s=SLOT_TTL_S,
+        rate=RateCount(key=window.key, limit=limit, ttl_s=window.ttl_s),
+    )
+    if tried.over_rate:
+        raise Rejected(errors.RATE_LIMITED, retry_after=window.resets_in_s)
+    return tried
 
 
 async def chat_slot_wait(*, owner_key: str, request_id: str, tried: SlotTry) -> None:

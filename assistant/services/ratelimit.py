@@ -3,8 +3,30 @@ workers share the counts). Synchronous: call through ``run_db`` from async code.
 
 import math
 import time
+from dataclasses import dataclass
 
 from django.core.cache import cache
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The fixed window a request falls in: its count's key in the cache, how long that count
+    lives from its first request, and the seconds until the next window starts."""
+
+    key: str
+    ttl_s: float
+    resets_in_s: int
+
+
+def rate_window(*, scope: str, key: str, window_s: int) -> Window:
+    """The window ``key``'s request counts in now, for ``scope``'s limit of ``window_s``."""
+    now = time.time()
+    bucket = int(now // window_s)
+    return Window(
+        key=f"ratelimit:{scope}:{key}:{bucket}",
+        ttl_s=window_s + 1,
+        resets_in_s=max(1, math.ceil((bucket + 1) * window_s - now)),
+    )
 
 
 def counter_hit(cache_key: str, *, timeout: float) -> int:
@@ -20,24 +42,17 @@ def counter_hit(cache_key: str, *, timeout: float) -> int:
 
 def rate_limit_hit(*, scope: str, key: str, limit: int, window_s: int) -> int | None:
     """Count one request; when over ``limit`` in this window, the seconds until it resets."""
-    now = time.time()
-    bucket = int(now // window_s)
-    count = counter_hit(f"ratelimit:{scope}:{key}:{bucket}", timeout=window_s + 1)
-    if count <= limit:
+    window = rate_window(scope=scope, key=key, window_s=window_s)
+    if counter_hit(window.key, timeout=window.ttl_s) <= limit:
         return None
-    return _until_reset(now, bucket, window_s)
+    return window.resets_in_s
 
 
 def rate_limit_forgive(*, scope: str, key: str, window_s: int) -> None:
     """Give back one request counted by ``rate_limit_hit`` in this window: for limits that
     count only failures, counted first (so that requests at once cannot all slip under the
     limit) and forgiven when they succeed."""
-    bucket = int(time.time() // window_s)
     try:
-        cache.decr(f"ratelimit:{scope}:{key}:{bucket}")
+        cache.decr(rate_window(scope=scope, key=key, window_s=window_s).key)
     except ValueError:  # the window turned meanwhile: nothing to give back
         pass
-
-
-def _until_reset(now: float, bucket: int, window_s: int) -> int:
-    return max(1, math.ceil((bucket + 1) * window_s - now))

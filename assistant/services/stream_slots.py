@@ -5,6 +5,11 @@ itself if its release is lost (a worker died). Taking a slot, giving it back and
 another request are each one atomic step on that set, so the cost is the same for a limit of 1
 or of 100,000 (one key per student, not one per slot).
 
+A question's first try for a slot also counts it against the student's rate (``RateCount``: a
+fixed-window count in Django's cache, ``services/ratelimit.py``), in the same step: one round
+trip to Redis admits a question, where the count alone used to take two (``add``, ``incr``).
+A question over its rate takes no slot.
+
 Two stores, chosen by the cache the site runs on: Redis (the production profile: every worker
 counts together; a sorted set per student and a Lua script for each step) or this process's
 memory (one process, as the local profile's cache is). Synchronous: a Redis step is a network
@@ -13,12 +18,16 @@ round trip, so async code calls them through ``run_db`` unless ``slots_in_proces
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.base import default_key_func
 from django.core.cache.backends.redis import RedisCache
+
+from assistant.services.ratelimit import counter_hit
 
 #: How many holders a refusal lists (an answer among them may be taken over).
 HOLDERS_SHOWN = 16
@@ -26,16 +35,43 @@ HOLDERS_SHOWN = 16
 
 @dataclass(frozen=True, slots=True)
 class SlotTry:
-    """What a try for a slot found: taken, or the request ids holding the slots."""
+    """What a try for a slot found: taken, or the request ids holding the slots, or (with a
+    ``RateCount``) that the request is over its rate and took nothing."""
 
     taken: bool
     holders: tuple[str, ...] = ()
+    over_rate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RateCount:
+    """A request to count, before its slot is taken, in a fixed window of Django's cache: the
+    count's key (as given to the cache), the requests the window allows, and how long the
+    count lives from its first request."""
+
+    key: str
+    limit: int
+    ttl_s: float
+
+
+#: What a try over its rate found.
+OVER_RATE = SlotTry(taken=False, over_rate=True)
 
 
 class SlotStore(Protocol):
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
-    ) -> SlotTry: ...
+        self,
+        owner_key: str,
+        request_id: str,
+        *,
+        limit: int,
+        ttl_s: float,
+        now: float | None = None,
+        rate: RateCount | None = None,
+    ) -> SlotTry:
+        """Count ``rate`` (if any; over it: ``OVER_RATE``), then take one of the owner's
+        ``limit`` slots (0: no cap, nothing is held)."""
+        ...
 
     def release(self, owner_key: str, request_id: str) -> None: ...
 
@@ -64,8 +100,19 @@ class MemorySlots:
         return held
 
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
+        self,
+        owner_key: str,
+        request_id: str,
+        *,
+        limit: int,
+        ttl_s: float,
+        now: float | None = None,
+        rate: RateCount | None = None,
     ) -> SlotTry:
+        if rate is not None and counter_hit(rate.key, timeout=rate.ttl_s) > rate.limit:
+            return OVER_RATE
+        if not limit:
+            return SlotTry(taken=True)
         now = time.time() if now is None else now
         with self._lock:
             held = self._live(owner_key, now)
@@ -109,9 +156,26 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 """
-# KEYS[1]: the student's set. ARGV: now (ms) or "", ttl (ms), limit, request id, holders shown.
+# KEYS[1]: the student's set; KEYS[2], if given: the rate's count, counted first (with a time to
+# live from its first request, as Django's cache.add would give it). ARGV: now (ms) or "", ttl
+# (ms), limit (0: no cap, nothing held), request id, holders shown, the rate's limit, the rate's
+# count's time to live (ms).
 _TAKE = (
-    _NOW
+    """
+if KEYS[2] then
+  local count = redis.call('INCR', KEYS[2])
+  if count == 1 or redis.call('PTTL', KEYS[2]) == -1 then
+    redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
+  end
+  if count > tonumber(ARGV[6]) then
+    return {-1}
+  end
+end
+if tonumber(ARGV[3]) == 0 then
+  return {1}
+end
+"""
+    + _NOW
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local ttl = tonumber(ARGV[2])
@@ -147,11 +211,16 @@ class RedisSlots:
     """Slots in Redis, shared by every worker: one sorted set per student, scored by when each
     slot frees itself."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(
+        self, url: str, prefix: str, *, count_key: Callable[[str], str] | None = None
+    ) -> None:
+        """``count_key``: a ``RateCount``'s key as Django's cache stores it (the cache's
+        ``make_key``); by default Django's default key function under ``prefix``."""
         import redis
 
         self._client = redis.Redis.from_url(url)
         self._prefix = prefix
+        self._count_key = count_key or (lambda key: default_key_func(key, prefix, 1))
         self._take = self._client.register_script(_TAKE)
         self._hand_over = self._client.register_script(_HAND_OVER)
 
@@ -159,12 +228,25 @@ class RedisSlots:
         return f"{self._prefix}:chat:slots:{owner_key}"
 
     def take(
-        self, owner_key: str, request_id: str, *, limit: int, ttl_s: float, now: float | None = None
+        self,
+        owner_key: str,
+        request_id: str,
+        *,
+        limit: int,
+        ttl_s: float,
+        now: float | None = None,
+        rate: RateCount | None = None,
     ) -> SlotTry:
+        keys = [self._key(owner_key)]
         args = [_ms(now), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
-        found = self._take(keys=[self._key(owner_key)], args=args)
+        if rate is not None:
+            keys.append(self._count_key(rate.key))
+            args += [rate.limit, int(rate.ttl_s * 1000)]
+        found = self._take(keys=keys, args=args)
         if found[0] == 1:
             return SlotTry(taken=True)
+        if found[0] == -1:
+            return OVER_RATE
         return SlotTry(taken=False, holders=tuple(h.decode() for h in found[1]))
 
     def release(self, owner_key: str, request_id: str) -> None:
@@ -199,9 +281,12 @@ def slot_store() -> SlotStore:
 
 
 def _store_made() -> SlotStore:
-    if isinstance(caches["default"], RedisCache):
+    cache = caches["default"]
+    if isinstance(cache, RedisCache):
         config = settings.CACHES["default"]
-        return RedisSlots(config["LOCATION"], config.get("KEY_PREFIX", ""))
+        return RedisSlots(
+            config["LOCATION"], config.get("KEY_PREFIX", ""), count_key=cache.make_key
+        )
     return MemorySlots()
 
 

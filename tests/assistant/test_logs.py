@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from assistant.logs import JsonFormatter
-from tests.support import settings_run
+from tests.support import REDIS_URL, settings_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,7 @@ PRODUCTION = {
     "DJANGO_SECRET_KEY": "x" * 50,
     "DJANGO_ALLOWED_HOSTS": "chat.example.org",
     "DATABASE_URL": "postgres://chatsite:pw@127.0.0.1:5432/chatsite",
-    "CHATSITE_REDIS_URL": "redis://127.0.0.1:6379/0",
+    "CHATSITE_REDIS_URL": REDIS_URL,
 }
 
 

@@ -22,7 +22,15 @@ from django.test import Client
 from assistant.engines.scripted import default_tokens
 from assistant.models import Message
 from chatsite.settings import _DEV_SECRET_KEY
-from tests.support import ROOT, ChatClient, LiveServer, RawResponse, raw_post, wait_for
+from tests.support import (
+    REDIS_URL,
+    ROOT,
+    ChatClient,
+    LiveServer,
+    RawResponse,
+    raw_post,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -216,7 +224,7 @@ PRODUCTION = {
     "DJANGO_SECRET_KEY": GOOD_KEY,
     "DJANGO_ALLOWED_HOSTS": "chat.example.org",
     "DATABASE_URL": "postgres://chatsite@127.0.0.1:5432/chatsite",
-    "CHATSITE_REDIS_URL": "redis://127.0.0.1:6379/0",
+    "CHATSITE_REDIS_URL": REDIS_URL,
 }
 DEBUG_OFF = {
     "CHATSITE_DEBUG": "0",

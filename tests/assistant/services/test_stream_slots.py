@@ -3,11 +3,19 @@ real Redis at 127.0.0.1:6379 (under a prefix of each test's own): the same behav
 atomic across threads, and one key per student whatever the cap."""
 
 import threading
+import uuid
 
 import pytest
 import redis
+from django.core.cache.backends.redis import RedisCache
 
-from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, SlotTry
+from assistant.services.stream_slots import (
+    MemorySlots,
+    RateCount,
+    RedisSlots,
+    SlotStore,
+    SlotTry,
+)
 from tests.support import REDIS_URL
 
 TTL_S = 120.0
@@ -112,3 +120,47 @@ def test_redis_dates_slots_on_its_own_clock(redis_prefix: str) -> None:
     assert score is not None and abs(score - (redis_ms + TTL_S * 1000)) < 5000
     assert store.take("session:abc", "r2", limit=1, ttl_s=TTL_S).holders == ("r1",)
     assert store.hand_over("session:abc", "r1", "r2", ttl_s=TTL_S)
+
+
+def rate(limit: int, *, key: str) -> RateCount:
+    return RateCount(key=key, limit=limit, ttl_s=61.0)
+
+
+def window_key() -> str:
+    """A rate's count key of this test's own (the memory store counts in the process's cache)."""
+    return f"ratelimit:chat:{uuid.uuid4().hex}:1"
+
+
+def test_a_take_counts_its_rate_first_and_over_it_takes_nothing(store: SlotStore) -> None:
+    """With a ``RateCount`` every try is counted, taken or not; a try over the rate is refused
+    as such and holds no slot, so it cannot stand in another question's way."""
+    three = rate(3, key=window_key())
+    assert store.take("session:abc", "r1", limit=1, ttl_s=TTL_S, now=NOW, rate=three).taken
+    full = store.take("session:abc", "r2", limit=1, ttl_s=TTL_S, now=NOW, rate=three)
+    assert (full.taken, full.over_rate, full.holders) == (False, False, ("r1",))
+    store.release("session:abc", "r1")
+    assert store.take("session:abc", "r3", limit=1, ttl_s=TTL_S, now=NOW, rate=three).taken
+    store.release("session:abc", "r3")
+    over = store.take("session:abc", "r4", limit=1, ttl_s=TTL_S, now=NOW, rate=three)
+    assert over == SlotTry(taken=False, over_rate=True)
+    assert take(store, "r5", limit=1).taken  # r4 holds nothing
+    # Another window (another key) counts from one again; no cap holds no slot.
+    other = rate(3, key=window_key())
+    assert store.take("session:abc", "r6", limit=0, ttl_s=TTL_S, now=NOW, rate=other).taken
+    assert take(store, "r7", limit=1).holders == ("r5",)
+
+
+def test_the_count_is_django_caches_own(redis_prefix: str) -> None:
+    """In Redis the count is the key and the integer Django's cache would hold, with the
+    window's time to live: ``cache.get`` reads it and ``rate_limit_forgive``'s ``decr`` works."""
+    store = RedisSlots(REDIS_URL, redis_prefix)
+    cache = RedisCache(REDIS_URL, {"KEY_PREFIX": redis_prefix})
+    key = window_key()
+    for number in range(3):
+        store.take("session:abc", f"r{number}", limit=0, ttl_s=TTL_S, rate=rate(10, key=key))
+    assert cache.get(key) == 3
+    cache.decr(key)
+    assert cache.get(key) == 2
+    client = redis.Redis.from_url(REDIS_URL)
+    pttl = client.pttl(cache.make_key(key))
+    assert 0 < pttl <= 61_000

@@ -1,0 +1,105 @@
+"""A question's admission (``services/admission.py: chat_admit``): its rate counted and its
+stream slot taken in one step of the slot store. On the local profile's memory, and on the
+production profile's cache and slots in the real Redis at 127.0.0.1:6379 (under a prefix of
+each test's own)."""
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from assistant import errors
+from assistant.errors import Rejected
+from assistant.services import stream_slots
+from assistant.services.admission import chat_admit, chat_slot_take
+from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, slot_store
+from tests.support import REDIS_URL
+
+
+@pytest.fixture(params=["memory", "redis"])
+def slots(
+    request: pytest.FixtureRequest,
+    redis_prefix: str,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> SlotStore:
+    """The site's cache and slot store for this test: this process's memory, or Redis as the
+    production profile has them."""
+    if request.param == "memory":
+        monkeypatch.setattr(stream_slots, "_store", MemorySlots())
+    else:
+        redis_site(settings, redis_prefix, monkeypatch)
+    monkeypatch.setitem(settings.CHATSITE_STREAM, "STREAMS_PER_SESSION", 4)
+    return slot_store()
+
+
+def redis_site(settings: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production profile's cache in Redis, under ``redis_prefix``, and the slot store made
+    from it as the site makes it."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "assistant.cache.SharedRedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": redis_prefix,
+        }
+    }
+    monkeypatch.setattr(stream_slots, "_store", None)
+
+
+def test_over_the_rate_is_429_with_retry_after_and_holds_no_slot(slots: SlotStore) -> None:
+    owner = f"session:{uuid.uuid4().hex}"
+    for number in range(3):
+        assert chat_admit(owner_key=owner, request_id=f"r{number}", rate=3).taken
+    with pytest.raises(Rejected) as refused:
+        chat_admit(owner_key=owner, request_id="r3", rate=3)
+    assert refused.value.error is errors.RATE_LIMITED
+    assert refused.value.retry_after is not None and 1 <= refused.value.retry_after <= 60
+    # The refused question took none of the four slots: one is still free, then none.
+    assert chat_slot_take(owner_key=owner, request_id="r4").taken
+    holders = chat_slot_take(owner_key=owner, request_id="r5").holders
+    assert sorted(holders) == ["r0", "r1", "r2", "r4"]
+
+
+def test_the_slots_refuse_within_the_rate(slots: SlotStore) -> None:
+    """All slots taken: the try is counted and refused with the holders, not the rate."""
+    owner = f"session:{uuid.uuid4().hex}"
+    for number in range(4):
+        assert chat_admit(owner_key=owner, request_id=f"r{number}", rate=30).taken
+    tried = chat_admit(owner_key=owner, request_id="r4", rate=30)
+    assert (tried.taken, tried.over_rate) == (False, False)
+    assert sorted(tried.holders) == ["r0", "r1", "r2", "r3"]
+
+
+def test_no_cap_still_counts_the_rate(slots: SlotStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(stream_slots.settings.CHATSITE_STREAM, "STREAMS_PER_SESSION", 0)
+    owner = f"session:{uuid.uuid4().hex}"
+    for number in range(5):
+        assert chat_admit(owner_key=owner, request_id=f"r{number}", rate=5).taken
+    with pytest.raises(Rejected):
+        chat_admit(owner_key=owner, request_id="r5", rate=5)
+
+
+def test_on_redis_a_question_is_admitted_in_one_command(
+    redis_prefix: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One script per question counts the rate and takes the slot. Before, the count was a
+    ``SET NX`` and an ``INCR`` of its own, then the slot's script: three round trips.
+    (Redis's statistics count the commands a script runs too, so the script's own ``INCR`` is
+    not told from a separate one; the ``SET NX`` is what only the separate count sends.)"""
+    redis_site(settings, redis_prefix, monkeypatch)
+    assert isinstance(slot_store(), RedisSlots)
+    chat_admit(owner_key="session:warm-up", request_id="w", rate=100)  # loads the script
+    client = redis.Redis.from_url(REDIS_URL)
+    before = command_calls(client)
+    owner = f"session:{uuid.uuid4().hex}"
+    for number in range(30):
+        chat_admit(owner_key=owner, request_id=f"r{number}", rate=100)
+    after = command_calls(client)
+    assert after["set"] - before["set"] == 0
+    assert after["evalsha"] - before["evalsha"] <= 31
+
+
+def command_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("set", "evalsha")}
