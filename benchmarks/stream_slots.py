@@ -6,6 +6,13 @@ it replaced: one cache key per slot, through Django's cache, where taking tries 
 each key in turn and giving back reads each key until it finds its request. Each round holds
 ``--held`` slots already (other answers of the same student) and takes and gives back one more.
 
+A second table is a question's whole admission with a cap of one: its rate counted, its slot
+taken, then given back. ``one step`` counts in the slot store's take (one script, one round trip
+to Redis); the baseline is the scheme it replaced, the count through Django's cache (``add``
+and ``incr``: three round trips, ``SET NX``, ``EXISTS``, ``INCRBY``) and then the take. Both
+the time a question waits and the CPU time of the thread asking (what the worker pays) are
+shown.
+
 Usage: python benchmarks/stream_slots.py [--rounds 2000] [--caps 1 100 100000] [--held 0]
 Needs the Redis at 127.0.0.1:6379 (keys under a prefix of the run's own, deleted after).
 """
@@ -32,7 +39,13 @@ from django.core.cache.backends.base import BaseCache  # noqa: E402
 from django.core.cache.backends.locmem import LocMemCache  # noqa: E402
 from django.core.cache.backends.redis import RedisCache  # noqa: E402
 
-from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore  # noqa: E402
+from assistant.cache import SharedRedisCache  # noqa: E402
+from assistant.services.stream_slots import (  # noqa: E402
+    MemorySlots,
+    RateCount,
+    RedisSlots,
+    SlotStore,
+)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 OWNER = "session:bench"
@@ -87,6 +100,59 @@ def measure(steps: Steps, *, rounds: int, held: int) -> float:
     return statistics.median(times)
 
 
+#: A rate no question of the benchmark reaches.
+RATE = RateCount(key=f"ratelimit:chat:{OWNER}:0", limit=10**9, ttl_s=61)
+
+
+def admit_one_step(store: SlotStore) -> Callable[[str], bool]:
+    def admit(request_id: str) -> bool:
+        return store.take(OWNER, request_id, limit=1, ttl_s=TTL_S, rate=RATE).taken
+
+    return admit
+
+
+def admit_count_then_take(store: SlotStore, cache: BaseCache) -> Callable[[str], bool]:
+    """The replaced admission: ``ratelimit.counter_hit``'s ``add`` and ``incr``, then the take."""
+
+    def admit(request_id: str) -> bool:
+        cache.add(RATE.key, 0, timeout=RATE.ttl_s)
+        if cache.incr(RATE.key) > RATE.limit:
+            return False
+        return store.take(OWNER, request_id, limit=1, ttl_s=TTL_S).taken
+
+    return admit
+
+
+def measure_admission(
+    admit: Callable[[str], bool], store: SlotStore, *, rounds: int
+) -> tuple[float, float]:
+    """Median microseconds of one admission and give-back: waited, and the thread's CPU."""
+    waits, cpu = [], []
+    for number in range(rounds):
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        assert admit(f"a{number}")
+        store.release(OWNER, f"a{number}")
+        waits.append((time.perf_counter() - started) * 1e6)
+        cpu.append((time.thread_time() - started_cpu) * 1e6)
+    return statistics.median(waits), statistics.median(cpu)
+
+
+def admissions(prefix: str, rounds: int) -> None:
+    print(f"\nadmission (count + take + give back), cap 1, median of {rounds} (µs)")
+    print(f"{'store':<7}  {'one step':>18}  {'count, then take':>18}")
+    print(f"{'':<7}  {'wait':>8}  {'CPU':>8}  {'wait':>8}  {'CPU':>8}")
+    for name in ("memory", "redis"):
+        if name == "memory":
+            store: SlotStore = MemorySlots()
+            cache: BaseCache = LocMemCache("bench-admission", {})
+        else:
+            cache = SharedRedisCache(REDIS_URL, {"KEY_PREFIX": prefix})
+            store = RedisSlots(REDIS_URL, prefix, count_key=cache.make_key)
+        new = measure_admission(admit_one_step(store), store, rounds=rounds)
+        old = measure_admission(admit_count_then_take(store, cache), store, rounds=rounds)
+        print(f"{name:<7}  {new[0]:>8.1f}  {new[1]:>8.1f}  {old[0]:>8.1f}  {old[1]:>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2000)
@@ -112,6 +178,7 @@ def main() -> None:
                 new = measure(one_set(store, cap), rounds=args.rounds, held=args.held)
                 old = measure(per_slot_keys(cache, cap), rounds=rounds, held=args.held)
                 print(f"{cap:>8}  {name:<7}  {new:>9.1f}  {old:>14.1f}")
+        admissions(prefix, args.rounds)
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:
