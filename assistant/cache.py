@@ -12,6 +12,14 @@ location and options, and so one pool of connections: redis-py's pool hands each
 connection of its own and takes it back after the command. After a fork (a worker started by
 a parent that used the cache), redis-py's pool notices the new process and opens new
 connections rather than sharing its parent's.
+
+Django's client also builds a new ``redis.Redis`` object for every command (``get_client``),
+which costs about as much CPU as the command's own round trip; a ``redis.Redis`` is safe to
+share between threads (each command takes a connection from the pool), so here there is one per
+pool.
+
+``count_hit`` is a rate limit's count in one round trip (``services/ratelimit.py``), where
+Django's ``add`` and ``incr`` take three (``SET NX``, ``EXISTS``, ``INCRBY``).
 """
 
 import threading
@@ -20,6 +28,46 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.utils.functional import cached_property
 
+
+def count_lua(key: str, ttl_ms: str) -> str:
+    """Lua adding one to the count at ``key`` into ``count``; a new count (or one left without
+    a time to live) lives ``ttl_ms``, as ``cache.add`` would have given it. ``key`` and
+    ``ttl_ms`` are Lua expressions (``KEYS[1]``, ``ARGV[1]``)."""
+    return f"""
+local count = redis.call('INCR', {key})
+if count == 1 or redis.call('PTTL', {key}) == -1 then
+  redis.call('PEXPIRE', {key}, tonumber({ttl_ms}))
+end
+"""
+
+
+_COUNT = count_lua("KEYS[1]", "ARGV[1]") + "return count\n"
+
+
+class SharedRedisCacheClient(RedisCacheClient):
+    """Django's Redis cache client with one ``redis.Redis`` per connection pool, not one per
+    command."""
+
+    def __init__(self, servers: list[str], **options: Any) -> None:
+        super().__init__(servers, **options)
+        self._redis_by_pool: dict[Any, Any] = {}
+        self._count_scripts: dict[Any, Any] = {}
+
+    def get_client(self, key: Any = None, *, write: bool = False) -> Any:
+        pool = self._get_connection_pool(write)
+        client = self._redis_by_pool.get(pool)
+        if client is None:  # two threads at once may both make one: either serves
+            client = self._redis_by_pool.setdefault(pool, self._client(connection_pool=pool))
+        return client
+
+    def count(self, key: str, ttl_ms: int) -> int:
+        client = self.get_client(key, write=True)
+        script = self._count_scripts.get(client)
+        if script is None:
+            script = self._count_scripts.setdefault(client, client.register_script(_COUNT))
+        return int(script(keys=[key], args=[ttl_ms]))
+
+
 _clients: dict[tuple[tuple[str, ...], str], RedisCacheClient] = {}
 _clients_lock = threading.Lock()
 
@@ -27,6 +75,15 @@ _clients_lock = threading.Lock()
 class SharedRedisCache(RedisCache):
     """``django.core.cache.backends.redis.RedisCache`` whose client (and its connection pool)
     is shared by every cache object of the process with the same location and options."""
+
+    def __init__(self, server: str, params: dict[str, Any]) -> None:
+        super().__init__(server, params)
+        self._class = SharedRedisCacheClient
+
+    def count_hit(self, key: str, *, timeout: float) -> int:
+        """Add one to the integer at ``key`` (a new one lives ``timeout`` seconds) and return
+        it, in one round trip; ``get`` reads it, ``decr`` takes one back."""
+        return self._cache.count(self.make_and_validate_key(key), int(timeout * 1000))
 
     @cached_property
     def _cache(self) -> Any:

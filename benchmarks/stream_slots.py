@@ -180,9 +180,14 @@ def main() -> None:
                 print(f"{cap:>8}  {name:<7}  {new:>9.1f}  {old:>14.1f}")
         admissions(prefix, args.rounds)
     finally:
-        keys = list(client.scan_iter(match=f"{prefix}:*"))
-        if keys:
-            client.delete(*keys)
+        keys_deleted(client, prefix)
+
+
+def keys_deleted(client: redis.Redis, prefix: str) -> None:
+    """Delete the run's keys (those under ``prefix``)."""
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,11 @@ def rate_window(*, scope: str, key: str, window_s: int) -> Window:
 
 def counter_hit(cache_key: str, *, timeout: float) -> int:
     """Add one to the count at ``cache_key`` (which lives ``timeout`` seconds from its first
-    hit) and return it, counted once whichever worker asks."""
+    hit) and return it, counted once whichever worker asks: in one round trip on the production
+    profile's cache (``assistant.cache.SharedRedisCache.count_hit``)."""
+    count_hit = getattr(cache, "count_hit", None)
+    if count_hit is not None:
+        return count_hit(cache_key, timeout=timeout)
     cache.add(cache_key, 0, timeout=timeout)
     try:
         return cache.incr(cache_key)

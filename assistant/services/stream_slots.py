@@ -7,7 +7,8 @@ or of 100,000 (one key per student, not one per slot).
 
 A question's first try for a slot also counts it against the student's rate (``RateCount``: a
 fixed-window count in Django's cache, ``services/ratelimit.py``), in the same step: one round
-trip to Redis admits a question, where the count alone used to take two (``add``, ``incr``).
+trip to Redis admits a question, where the count alone used to take three (Django's ``add``
+and ``incr``: ``SET NX``, ``EXISTS``, ``INCRBY``).
 A question over its rate takes no slot.
 
 Two stores, chosen by the cache the site runs on: Redis (the production profile: every worker
@@ -27,6 +28,7 @@ from django.core.cache import caches
 from django.core.cache.backends.base import default_key_func
 from django.core.cache.backends.redis import RedisCache
 
+from assistant.cache import count_lua
 from assistant.services.ratelimit import counter_hit
 
 #: How many holders a refusal lists (an answer among them may be taken over).
@@ -156,17 +158,13 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 """
-# KEYS[1]: the student's set; KEYS[2], if given: the rate's count, counted first (with a time to
-# live from its first request, as Django's cache.add would give it). ARGV: now (ms) or "", ttl
-# (ms), limit (0: no cap, nothing held), request id, holders shown, the rate's limit, the rate's
-# count's time to live (ms).
+# KEYS[1]: the student's set; KEYS[2], if given: the rate's count, counted first (as
+# SharedRedisCache.count_hit counts). ARGV: now (ms) or "", ttl (ms), limit (0: no cap, nothing
+# held), request id, holders shown, the rate's limit, the rate's count's time to live (ms).
 _TAKE = (
-    """
-if KEYS[2] then
-  local count = redis.call('INCR', KEYS[2])
-  if count == 1 or redis.call('PTTL', KEYS[2]) == -1 then
-    redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[7]))
-  end
+    "if KEYS[2] then\n"
+    + count_lua("KEYS[2]", "ARGV[7]")
+    + """
   if count > tonumber(ARGV[6]) then
     return {-1}
   end

@@ -83,10 +83,11 @@ def test_no_cap_still_counts_the_rate(slots: SlotStore, monkeypatch: pytest.Monk
 def test_on_redis_a_question_is_admitted_in_one_command(
     redis_prefix: str, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One script per question counts the rate and takes the slot. Before, the count was a
-    ``SET NX`` and an ``INCR`` of its own, then the slot's script: three round trips.
-    (Redis's statistics count the commands a script runs too, so the script's own ``INCR`` is
-    not told from a separate one; the ``SET NX`` is what only the separate count sends.)"""
+    """One script per question counts the rate and takes the slot. Before, the count was
+    Django's ``add`` and ``incr`` (``SET NX``, ``EXISTS``, ``INCRBY``), then the slot's script:
+    four round trips. (Redis's statistics count the commands a script runs too, so the
+    script's own ``INCR`` is not told from a separate one; the ``SET NX`` is what only the
+    separate count sends.)"""
     redis_site(settings, redis_prefix, monkeypatch)
     assert isinstance(slot_store(), RedisSlots)
     chat_admit(owner_key="session:warm-up", request_id="w", rate=100)  # loads the script
