@@ -12,12 +12,19 @@ engine's stream, frames, the resume buffer, the slow-reader check where a connec
 which here it is not, persistence, metrics) and nothing of a server's: no socket, no parsing
 of HTTP.
 
+``--stores production`` keeps what an answer stores where the production profile does: in a
+PostgreSQL database made for the run (at ``--postgres``, dropped after) and in Redis (sessions,
+rate limits and stream slots, under a prefix of the run's own, deleted after). Their own CPU is
+not counted, only what this process spends talking to them. The default, ``local``, is SQLite
+and this process's memory.
+
 ``--profile`` runs the same answers again under cProfile and prints the functions with the most
 time of their own, and chatsite's by the time spent in them and what they call. Times under the
 profiler are inflated; its call counts are exact.
 
     python benchmarks/answer_path.py [--answers 2000] [--tokens 20] [--concurrency 1]
                                      [--rounds 3] [--ttft-ms 0] [--itl-ms 0] [--profile]
+                                     [--stores local|production]
 
 Each answer's log line goes to stderr, as a worker's does: ``CHATSITE_LOG_LEVEL=WARNING``
 quiets them.
@@ -25,6 +32,7 @@ quiets them.
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import json
@@ -33,6 +41,8 @@ import pstats
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +179,54 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--stores", choices=["local", "production"], default="local")
+    parser.add_argument("--postgres", default=POSTGRES, help="server for --stores production")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="answer-path-") as folder:
-        measure(args, Path(folder) / "answers.sqlite3")
+        if args.stores == "local":
+            measure(args, Path(folder) / "answers.sqlite3", {})
+            return
+        with production_stores(args.postgres) as stores:
+            measure(args, Path(folder) / "unused.sqlite3", stores)
 
 
-def measure(args: argparse.Namespace, db: Path) -> None:
-    """Set the benchmark's settings up on the SQLite database ``db``, then run it."""
+POSTGRES = "postgres://postgres@127.0.0.1:5432"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@contextlib.contextmanager
+def production_stores(server: str) -> Iterator[dict[str, str]]:
+    """A PostgreSQL database and a Redis prefix of the run's own (``DATABASE_URL``,
+    ``CHATSITE_REDIS_URL``, ``CHATSITE_REDIS_PREFIX``), dropped and deleted after."""
+    import psycopg
+    import redis
+
+    name = f"answer_path_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield {
+            "DATABASE_URL": f"{server}/{name}",
+            "CHATSITE_REDIS_URL": REDIS_URL,
+            "CHATSITE_REDIS_PREFIX": name,
+        }
+    finally:
+        from django.db import connections
+
+        for connection in connections.all(initialized_only=True):
+            getattr(connection, "close_pool", connection.close)()
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{name}:*"))
+        if keys:
+            client.delete(*keys)
+
+
+def measure(args: argparse.Namespace, db: Path, stores: dict[str, str]) -> None:
+    """Set the benchmark's settings up on the SQLite database ``db`` (or on ``stores``, from
+    ``production_stores``), then run it."""
     settings = {
         **BENCHMARK_ENV,
         "DJANGO_SETTINGS_MODULE": "chatsite.settings",
@@ -188,12 +238,16 @@ def measure(args: argparse.Namespace, db: Path) -> None:
         "CHATSITE_MAX_STREAMS": "0",
         "CHATSITE_STREAMS_PER_ADDRESS": "0",
     }
-    os.environ.update(settings)
-    os.environ.pop("DATABASE_URL", None)
+    os.environ.update(settings | stores)
+    if not stores:
+        os.environ.pop("DATABASE_URL", None)
+        os.environ.pop("CHATSITE_REDIS_URL", None)
     database_migrate(ROOT, dict(os.environ), db)
     from chatsite.event_loop import event_loop_install
 
     print(f"event loop: {event_loop_install()}", flush=True)
+    if stores:
+        print(f"stores: {stores['CHATSITE_REDIS_PREFIX']} (PostgreSQL database, Redis prefix)")
     asyncio.run(run(args))
 
 

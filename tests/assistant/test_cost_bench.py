@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 
 from assistant.benchmarking.frames import SSEParser
 from benchmarks.added_latency import body_pieces, build_request, one_request, peer_start
+from benchmarks.answer_path import POSTGRES
 from benchmarks.cost_per_answer import baselines, floor_of, server_spec
-from tests.support import ChatClient
+from tests.support import REDIS_URL, ChatClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,11 +98,14 @@ def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() 
     assert floor_of("chatsite-uvicorn-baseline", "chatsite-uvicorn", measured) == "uvicorn-raw"
 
 
-def test_the_answer_path_benchmark_answers_in_process() -> None:
+@pytest.mark.parametrize("stores", ["local", "production"])
+def test_the_answer_path_benchmark_answers_in_process(stores: str) -> None:
     """benchmarks/answer_path.py calls the application as a server would and reports the CPU of
-    whole answers (each with its tokens)."""
+    whole answers (each with its tokens), on SQLite and memory or on the production profile's
+    PostgreSQL and Redis (the machine's, in a database and under a prefix of the run's own)."""
+    command = ["benchmarks/answer_path.py", "--answers", "20", "--rounds", "1", "--stores", stores]
     done = subprocess.run(
-        [sys.executable, "benchmarks/answer_path.py", "--answers", "20", "--rounds", "1"],
+        [sys.executable, *command],
         cwd=ROOT,
         env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
         capture_output=True,
@@ -110,3 +116,10 @@ def test_the_answer_path_benchmark_answers_in_process() -> None:
     [line] = [line for line in done.stdout.splitlines() if line.startswith("round 1:")]
     assert "20 answers (20 tokens each), 1 at a time:" in line
     assert float(line.split(": ")[2].split(" ms")[0]) > 0
+    if stores == "production":  # what the run made is gone
+        lines = done.stdout.splitlines()
+        [name] = [line.split()[1] for line in lines if line.startswith("stores:")]
+        with psycopg.connect(f"{POSTGRES}/postgres") as admin:
+            found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+            assert found.fetchall() == []
+        assert list(redis.Redis.from_url(REDIS_URL).scan_iter(match=f"{name}:*")) == []
