@@ -8,8 +8,7 @@ or of 100,000 (one key per student, not one per slot).
 A question's first try for a slot also counts it against the student's rate (``RateCount``: a
 fixed-window count in Django's cache, ``services/ratelimit.py``), in the same step: one round
 trip to Redis admits a question, where the count alone used to take three (Django's ``add``
-and ``incr``: ``SET NX``, ``EXISTS``, ``INCRBY``).
-A question over its rate takes no slot.
+and ``incr``: ``SET NX``, ``EXISTS``, ``INCRBY``). A question over its rate takes no slot.
 
 Two stores, chosen by the cache the site runs on: Redis (the production profile: every worker
 counts together; a sorted set per student and a Lua script for each step) or this process's
