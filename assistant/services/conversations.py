@@ -14,13 +14,19 @@ from django.db import transaction
 from django.utils.translation import gettext
 
 from assistant import errors
-from assistant.db import run_cache
+from assistant.db import run_db
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.admission import cache_in_process
 from assistant.services.chat_request import _UNSTORABLE
-from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
+from assistant.services.persistence import (
+    PersistenceFailed,
+    Rows,
+    deleted_key,
+    deleted_marked,
+    rows_store,
+)
 from assistant.services.ratelimit import rate_limit_hit
 from assistant.services.telemetry import AnswerSummary, stream_record
 
@@ -179,15 +185,11 @@ def _answer_dropped(summary: AnswerSummary) -> None:
 
 async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
     """Whether ``conversation_delete`` deleted this conversation lately (its mark in the
-    cache). False when the cache cannot say: the writer's refusal is the last word then."""
-    key = deleted_key(conversation_id)
-    try:
-        if cache_in_process():
-            return cache.get(key) is not None
-        return await run_cache("get", key) is not None
-    except Exception:
-        logger.warning("Could not tell whether conversation %s was deleted", conversation_id)
-        return False
+    cache, ``persistence.deleted_marked``). False when the cache cannot say: the writer's
+    refusal is the last word then."""
+    ids = {conversation_id}
+    marked = deleted_marked(ids) if cache_in_process() else await run_db(deleted_marked, ids)
+    return conversation_id in marked
 
 
 def conversation_title_parse(body: bytes) -> str:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.cache import cache
+from django.core.cache import BaseCache, cache, caches
 
 from assistant.models import Conversation, Message
-from assistant.services import persistence
+from assistant.services import conversations, persistence
 from assistant.services.conversations import DELETED_KEEP_S
 from assistant.services.persistence import Rows, deleted_key, rows_write
 
@@ -94,3 +94,23 @@ def test_a_mark_of_another_conversation_drops_nothing(marks: list[uuid.UUID]) ->
     rows = answer(conversation, "stays")
     rows_write([rows])
     assert not rows.dropped and Message.objects.count() == 1
+
+
+async def test_the_look_after_a_refused_write_reads_the_same_marks(
+    marks: list[uuid.UUID], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``answer_store``'s look for one conversation, after the writer refused its rows, is the
+    batch's look (``deleted_marked``) for one id: marked, not marked, and a cache that cannot
+    say (not deleted, with the same warning)."""
+    gone, kept = uuid.uuid4(), uuid.uuid4()
+    mark(marks, gone)
+    assert await conversations._conversation_deleted(gone)
+    assert not await conversations._conversation_deleted(kept)
+
+    def unreachable(self: BaseCache, keys: list[str], version: int | None = None) -> dict:
+        raise ConnectionError("cache down")
+
+    with pytest.MonkeyPatch.context() as patch:  # every thread's cache object: the class's
+        patch.setattr(type(caches["default"]), "get_many", unreachable)
+        assert not await conversations._conversation_deleted(gone)
+    assert f"Could not tell whether conversations {gone} were deleted" in caplog.text
