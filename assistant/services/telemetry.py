@@ -132,9 +132,7 @@ def stream_observe(summary: AnswerSummary) -> None:
         metrics.TTFT.labels(path, engine, "server").observe(t.first_token_sent - t.received)
     if t.engine_first_delta and t.engine_submitted:
         metrics.ENGINE_TTFT.labels(path, engine).observe(t.engine_first_delta - t.engine_submitted)
-    inter_token = metrics.INTER_TOKEN.labels(path, engine)
-    for gap in t.gaps:
-        inter_token.observe(gap)
+    metrics.observe_all(metrics.INTER_TOKEN.labels(path, engine), t.gaps)
     if t.tokens:
         metrics.TOKENS.labels(path, engine).inc(t.tokens)
     metrics.STREAM_DURATION.labels(path, engine, outcome.value).observe(t.finished - t.received)
