@@ -123,3 +123,30 @@ def test_the_answer_path_benchmark_answers_in_process(stores: str) -> None:
             found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
             assert found.fetchall() == []
         assert list(redis.Redis.from_url(REDIS_URL).scan_iter(match=f"{name}:*")) == []
+
+
+def test_the_answer_end_benchmark_prints_both_ways_and_drops_its_database() -> None:
+    """benchmarks/answer_end.py: the group writer both ways on PostgreSQL and SQLite, and the
+    inter-token histogram both ways in one process and in multiprocess mode."""
+    command = ["benchmarks/answer_end.py", "--batches", "3", "--rounds", "1", "--gaps", "5"]
+    done = subprocess.run(
+        [sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = {
+        line.split(":")[0]: float(line.split(": ")[1].split()[0])
+        for line in done.stdout.splitlines()
+        if line.startswith(("writer", "histogram"))
+    }
+    assert set(figures) == {
+        f"writer {kind} {way}" for kind in ("postgresql", "sqlite") for way in ("copy", "insert")
+    } | {
+        f"histogram {mode} {way}"
+        for mode in ("one process", "multiprocess")
+        for way in ("observe_all", "observe each")
+    }
+    assert all(value > 0 for value in figures.values())
+    [name] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("database:")]
+    with psycopg.connect(f"{POSTGRES}/postgres") as admin:
+        found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+        assert found.fetchall() == []
