@@ -1,14 +1,14 @@
 """Other projects' internals that chatsite relies on, all in one place.
 
-Every access here goes past the documented API of Daphne, Twisted, Django, Channels or uvicorn:
-private attributes, undocumented methods overridden, object graphs that happen to hold. Each
-function or class names what it relies on, and ``tests/assistant/test_contracts.py`` checks each
-one against the installed release, failing by name when an upgrade changes it. The rest of the
-code calls these and keeps its own logic.
+Every access here goes past the documented API of Daphne, Twisted, Django, Channels, uvicorn or
+prometheus_client: private attributes, undocumented methods overridden, object graphs that happen
+to hold. Each function or class names what it relies on, and
+``tests/assistant/test_contracts.py`` checks each one against the installed release, failing by
+name when an upgrade changes it. The rest of the code calls these and keeps its own logic.
 
-Checked against Django 6.1.3, Daphne 4.2.3, Twisted 26.10.0, Channels 4.3.2 and uvicorn 0.54.0
-(``CHECKED_AGAINST``). ``SUPPORTED`` repeats the bounds in pyproject.toml; raise one only once the
-contract tests pass on the new release.
+Checked against Django 6.1.3, Daphne 4.2.3, Twisted 26.10.0, Channels 4.3.2, uvicorn 0.54.0 and
+prometheus_client 0.26.0 (``CHECKED_AGAINST``). ``SUPPORTED`` repeats the bounds in
+pyproject.toml; raise one only once the contract tests pass on the new release.
 
 Importing this module imports no model, reads no setting and installs no Twisted reactor:
 ``chatsite/asgi.py`` and ``chatsite/server.py`` import it before Django is set up. Daphne and
@@ -41,6 +41,7 @@ CHECKED_AGAINST: dict[str, str] = {
     "twisted": "26.10.0",
     "channels": "4.3.2",
     "uvicorn": "0.54.0",
+    "prometheus-client": "0.26.0",
 }
 
 #: The releases the accesses are held to: the same bounds as pyproject.toml's dependencies.
@@ -50,6 +51,7 @@ SUPPORTED: tuple[str, ...] = (
     "daphne>=4.2,<4.3",
     "twisted>=24.10,<27",
     "uvicorn>=0.34,<0.55",
+    "prometheus-client>=0.17,<0.27",
 )
 
 
@@ -403,3 +405,14 @@ def await_at_shutdown(cleanup: Callable[[], Awaitable[object]], reactor: Any | N
 
     reactor.addSystemEventTrigger("before", "shutdown", trigger)
     return True
+
+
+# --- prometheus_client: what a histogram's observe updates ---------------------------------
+
+
+def histogram_values(child: Any) -> tuple[list[float], Any, list[Any]]:
+    """A labelled histogram's bucket bounds (the last one +Inf), the value of its sum and the
+    values of its buckets, each with ``inc(amount)``: what ``Histogram.observe`` updates
+    (``_upper_bounds``, ``_sum``, ``_buckets``; in multiprocess mode each value is kept in the
+    process's file)."""
+    return child._upper_bounds, child._sum, child._buckets

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from assistant.internals import histogram_values
+
 
 def _ttft_buckets() -> tuple[float, ...]:
     """Geometric from 5 ms to 10 s, each edge at most 15 % above the last (so a 20 % change always
@@ -126,15 +128,14 @@ def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
     bucket reached are incremented once, by their totals. An answer's gaps between tokens are
     observed this way when it ends, not one by one (each ``observe`` takes the sum's lock and
     a bucket's, a write to the shared file in multiprocess mode). ``histogram`` is a labelled
-    child (``.labels(...)``). Reads the child's bounds and values as ``observe`` does; a test
-    checks the exposition is the one ``observe`` gives."""
+    child (``.labels(...)``); what ``observe`` updates comes from ``internals.histogram_values``."""
     if not amounts:
         return
-    bounds: list[float] = histogram._upper_bounds  # the last is +Inf
+    bounds, total, buckets = histogram_values(histogram)
     counts: dict[int, int] = {}
     for amount in amounts:  # observe()'s bucket: the first bound at or above the amount
         i = bisect_left(bounds, amount)
         counts[i] = counts.get(i, 0) + 1
-    histogram._sum.inc(sum(amounts))
+    total.inc(sum(amounts))
     for i, n in counts.items():
-        histogram._buckets[i].inc(n)
+        buckets[i].inc(n)

@@ -623,3 +623,27 @@ def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     assert "self.response_started" in inspect.getsource(RequestResponseCycle.__init__)
     # The open requests' tasks and connections, as the server's own shutdown reads them.
     assert "self.server_state.tasks" in shutdown and "self.server_state.connections" in shutdown
+
+
+# --- prometheus_client ----------------------------------------------------------------------
+
+
+def test_histogram_values_are_what_observe_updates() -> None:
+    """``Histogram.observe`` adds to ``_sum`` and to the first of ``_buckets`` whose bound in
+    ``_upper_bounds`` is at or above the amount; ``histogram_values`` hands those out."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    child = Histogram(
+        "contract_seconds", "test", ["path"], buckets=(0.1, 1), registry=CollectorRegistry()
+    ).labels("p")
+    bounds, total, buckets = internals.histogram_values(child)
+    assert bounds == [0.1, 1.0, float("inf")] and len(buckets) == 3
+    child.observe(0.5)
+    child.observe(0.1)
+    assert total.get() == pytest.approx(0.6)
+    assert [bucket.get() for bucket in buckets] == [1, 1, 0]
+    total.inc(1.5)
+    buckets[2].inc(2)
+    samples = {(s.name, s.labels.get("le")): s.value for s in child.collect()[0].samples}
+    assert samples[("contract_seconds_sum", None)] == pytest.approx(2.1)
+    assert samples[("contract_seconds_bucket", "+Inf")] == 4
