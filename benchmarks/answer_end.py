@@ -4,22 +4,25 @@ Two pieces of every answer's end, each beside the way it was done before:
 
 * **The group writer** (``persistence.rows_write``): batches of ``--batch`` exchanges, each a
   new conversation, its question, its answer, the conversation's touch and the stream record,
-  as the answer path submits them (three ``Rows`` per exchange). The writing thread's CPU per
-  exchange, on PostgreSQL (a database made for the run, dropped after) and on SQLite:
-  ``copy`` is the writer as it is (one ``COPY`` per table on PostgreSQL), ``insert`` the same
-  writer with ``insert_many`` done as before, one ``executemany`` INSERT with Django's
-  client-side binding (on SQLite both are the INSERT). Rounds alternate between the two.
+  as the answer path submits them (three ``Rows`` per exchange). Under a class's load the
+  writer's batches are one or two answers; they grow with the load. The writing thread's CPU
+  per exchange, on PostgreSQL (a database made for the run, dropped after) and on SQLite:
+  ``one statement`` is the writer as it is (``batch_statement``: the batch in one round trip),
+  ``insert per table`` the writer before it (Django's ``executemany`` INSERT per table, an
+  UPDATE, then the COMMIT; still SQLite's way), ``copy per table`` the same with a ``COPY``
+  per table. Rounds alternate between the ways.
 * **The inter-token histogram**: an answer's gaps (``--gaps``) observed in one update
   (``metrics.observe_all``) against one ``observe`` per gap, the CPU per answer, in one process
   and in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as the production workers run).
 
-    python benchmarks/answer_end.py [--batch 10] [--batches 200] [--rounds 4]
+    python benchmarks/answer_end.py [--batch 1 3 10] [--batches 1000] [--rounds 4]
                                     [--gaps 19 39 99] [--postgres URL]
 
 Medians of the rounds, the rounds' spread in brackets.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -90,70 +93,78 @@ def exchange_rows() -> list:
     return [question, answer, Rows(records=[stream_record(summary)])]
 
 
-def insert_statement(model: type, objs: list) -> None:
-    """``insert_many`` as it was: one ``executemany`` INSERT (Django binds on the client)."""
+def copy_tables(model: type, objs: list) -> None:
+    """``insert_many`` as a ``COPY`` of the rows (psycopg formats them in C): tried, one table at
+    a time, before the one statement."""
     from django.db import connections, router
 
+    from assistant.services.batch_statement import insert_fields, insert_values
+
     connection = connections[router.db_for_write(model)]
-    auto = model._meta.auto_field
-    fields = [
-        f
-        for f in model._meta.concrete_fields
-        if not f.generated and not (f is auto and all(obj.pk is None for obj in objs))
-    ]
+    fields = insert_fields(model, objs)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({placeholders})"
-    params = [
-        [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
+    with connection.cursor() as cursor, connection.wrap_database_errors:
+        table = quote(model._meta.db_table)
+        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in insert_values(fields, objs, connection):
+                copy.write_row(row)
 
 
-def writer_round(batch: int, batches: int, insert: Callable | None) -> float:
-    """The writing thread's CPU per exchange (µs) over ``batches`` batches; ``insert`` in place
-    of ``insert_many`` when given."""
+#: The ways a batch can be written: ``insert_many`` in place of the writer's, and whether the
+#: batch may be one statement (``batch_statement``).
+WAYS: dict[str, tuple[Callable | None, bool]] = {
+    "one statement": (None, True),
+    "insert per table": (None, False),
+    "copy per table": (copy_tables, False),
+}
+
+
+def writer_round(batch: int, batches: int, way: str) -> float:
+    """The writing thread's CPU per exchange (µs) over ``batches`` batches of ``batch``
+    exchanges, written ``way``."""
     from assistant.services import persistence
 
+    insert, one_statement = WAYS[way]
     made = [[rows for _ in range(batch) for rows in exchange_rows()] for _ in range(batches)]
-    kept = persistence.insert_many
-    if insert is not None:
-        persistence.insert_many = insert
-    try:
+    with contextlib.ExitStack() as undo:
+        if insert is not None:
+            undo.callback(setattr, persistence, "insert_many", persistence.insert_many)
+            persistence.insert_many = insert
+        if not one_statement:
+            undo.callback(setattr, persistence, "batch_statement", persistence.batch_statement)
+            persistence.batch_statement = lambda tables, connection: None
         cpu = time.thread_time()
         for rows in made:
             persistence.rows_write(rows)
         cpu = time.thread_time() - cpu
-    finally:
-        persistence.insert_many = kept
     return cpu / (batch * batches) * 1e6
 
 
 def writer(args: argparse.Namespace) -> None:
     """Set Django up on the database ``DATABASE_URL`` names (else a SQLite file), then time the
-    writer both ways, alternating."""
+    writer each way, alternating."""
     import django
     from django.core.management import call_command
     from django.db import connection
 
     django.setup()
     call_command("migrate", verbosity=0)
-    writer_round(args.batch, 5, None)  # warm up: connection, statements
-    ways = {"copy": None, "insert": insert_statement}
-    figures: dict[str, list[float]] = {way: [] for way in ways}
-    for _ in range(args.rounds):
-        for way, insert in ways.items():
-            figures[way].append(writer_round(args.batch, args.batches, insert))
     kind = connection.vendor
-    for way, values in figures.items():
-        same = " (the same INSERT)" if kind != "postgresql" else ""
-        print(
-            f"writer {kind} {way}: {spread(values)} us of CPU per exchange, "
-            f"batches of {args.batch}{same}",
-            flush=True,
-        )
+    # On SQLite every way is its INSERT per table.
+    ways = list(WAYS) if kind == "postgresql" else ["insert per table"]
+    for batch in args.batch:
+        for way in ways:
+            writer_round(batch, 5, way)  # warm up: the connection, prepared statements
+        figures: dict[str, list[float]] = {way: [] for way in ways}
+        for _ in range(args.rounds):
+            for way in ways:
+                figures[way].append(writer_round(batch, max(1, args.batches // batch), way))
+        for way, values in figures.items():
+            print(
+                f"writer {kind} {way}: {spread(values)} us of CPU per exchange, batches of {batch}",
+                flush=True,
+            )
     connection.close()
 
 
@@ -192,7 +203,7 @@ def histogram(args: argparse.Namespace) -> None:
 def part(name: str, args: argparse.Namespace, env: dict[str, str]) -> None:
     """Run one part in a process of its own (Django's settings and prometheus_client's value
     class are chosen once per process)."""
-    command = [sys.executable, __file__, "--part", name, "--batch", str(args.batch)]
+    command = [sys.executable, __file__, "--part", name, "--batch", *map(str, args.batch)]
     command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--gaps"]
     command += [str(g) for g in args.gaps]
     base = {
@@ -212,8 +223,8 @@ def part(name: str, args: argparse.Namespace, env: dict[str, str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=10, help="exchanges per batch")
-    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 3, 10], help="exchanges")
+    parser.add_argument("--batches", type=int, default=1000, help="exchanges per round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--gaps", type=int, nargs="+", default=[19, 39, 99])
     parser.add_argument("--postgres", default=POSTGRES)

@@ -4,9 +4,10 @@ Every stream stores a question (and maybe a conversation) after its first token 
 when it ends. Written one by one, those small transactions cost more CPU than everything else a
 stream does, and under load that CPU is taken from other streams' first tokens. Here each event
 loop has one flusher: whatever was submitted while the previous batch was being written goes
-into the next one, as one transaction with one INSERT per table. Alone, a row is written at
-once; under load, batches grow and the cost per row falls. Submission order is write order, so
-a question is always stored before its answer.
+into the next one, as one transaction: on PostgreSQL one statement and one round trip
+(``batch_statement``), on SQLite one INSERT per table. Alone, a row is written at once; under
+load, batches grow and the cost per row falls. Submission order is write order, so a question
+is always stored before its answer.
 """
 
 import asyncio
@@ -32,6 +33,13 @@ from django.utils import timezone
 from assistant import metrics
 from assistant.db import run_db_write
 from assistant.models import Classroom, Conversation, Message, StreamRecord
+from assistant.services.batch_statement import (
+    Tables,
+    batch_statement,
+    batch_statement_run,
+    insert_fields,
+    insert_values,
+)
 from assistant.services.traffic_sums import spans_invalidate
 
 logger = logging.getLogger(__name__)
@@ -76,42 +84,21 @@ def records_renamed(rows: Rows) -> bool:
 
 
 def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
-    """INSERT ``objs`` with one prepared statement, as ``bulk_create`` would store them; on
-    PostgreSQL, one ``COPY`` of them.
+    """INSERT ``objs`` with one prepared statement, as ``bulk_create`` would store them (SQLite's
+    writer, and PostgreSQL's for a batch too large for one statement: ``batch_statement``).
 
     ``bulk_create`` compiles its SQL anew on every call, which costs more CPU than SQLite or
-    PostgreSQL spend storing a row. Fields are prepared the same way (``pre_save`` fills
-    ``auto_now_add``, ``get_db_prep_save`` adapts values to the backend); no signals are sent,
-    as with ``bulk_create``. Django binds a statement's values on the client, formatting each
-    value as an SQL literal in Python; psycopg formats a ``COPY``'s rows in C (a stream
-    record's row costs the writer about a third less CPU). A row the table refuses fails the
-    whole batch either way, as Django's ``IntegrityError``.
+    PostgreSQL spend storing a row. Fields are prepared the same way; no signals are sent, as
+    with ``bulk_create``.
     """
     connection = connections[router.db_for_write(model)]
-    auto = model._meta.auto_field
-    # An unset auto primary key is left to the database (SQLite would take NULL as "next",
-    # PostgreSQL refuses it).
-    fields = [
-        f
-        for f in model._meta.concrete_fields
-        if not f.generated and not (f is auto and all(obj.pk is None for obj in objs))
-    ]
+    fields = insert_fields(model, objs)
     table = connection.ops.quote_name(model._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    params = [
-        [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs
-    ]
+    placeholders = ", ".join(["%s"] * len(fields))
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"
     with connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            placeholders = ", ".join(["%s"] * len(fields))
-            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", params)
-            return
-        with (
-            connection.wrap_database_errors,
-            cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
-        ):
-            for row in params:
-                copy.write_row(row)
+        cursor.executemany(sql, insert_values(fields, objs, connection))
 
 
 def conversations_touch(ids: set[uuid.UUID]) -> None:
@@ -187,25 +174,46 @@ def deleted_dropped(batch: list[Rows]) -> None:
 
 
 def rows_write(batch: list[Rows]) -> None:
-    """Synchronous (ORM): store ``batch`` in one transaction, one statement per table."""
+    """Synchronous (ORM): store ``batch`` in one transaction. On PostgreSQL that is one
+    statement, run in one round trip (``batch_statement``); on SQLite, one statement per
+    table."""
     deleted_dropped(batch)
-    with transaction.atomic():
-        conversations = [c for rows in batch for c in rows.conversations]
-        messages = [m for rows in batch for m in rows.messages]
-        touch = {cid for rows in batch for cid in rows.touch}
-        records = [r for rows in batch for r in rows.records]
-        if conversations:
-            classes_gone(conversations)
-            insert_many(Conversation, conversations)
-        if messages:
-            insert_many(Message, messages)
-        for conversation_id, first, keep in (row for rows in batch for row in rows.replaced):
-            messages_replace(conversation_id=conversation_id, first=first, keep=keep)
-        if touch:
-            conversations_touch(touch)
-        if records:
-            insert_many(StreamRecord, records)
-            spans_invalidate((r.created_at for r in records), now=timezone.now())
+    tables = Tables(
+        conversations=[c for rows in batch for c in rows.conversations],
+        messages=[m for rows in batch for m in rows.messages],
+        touch={cid for rows in batch for cid in rows.touch},
+        records=[r for rows in batch for r in rows.records],
+    )
+    replaced = [row for rows in batch for row in rows.replaced]
+    classes_gone(tables.conversations)
+    connection = connections[router.db_for_write(Message)]
+    statement = batch_statement(tables, connection) if connection.vendor == "postgresql" else None
+    if statement is not None and not replaced and not connection.in_atomic_block:
+        batch_statement_run(statement, connection)  # a transaction of its own
+    else:
+        # In a transaction already (a savepoint then: a refusal must not end the caller's), or
+        # with questions to set aside after the inserts, or on SQLite.
+        with transaction.atomic():
+            if statement is not None:
+                batch_statement_run(statement, connection)
+            else:
+                _tables_write(tables)
+            for conversation_id, first, keep in replaced:
+                messages_replace(conversation_id=conversation_id, first=first, keep=keep)
+    if tables.records:
+        spans_invalidate((r.created_at for r in tables.records), now=timezone.now())
+
+
+def _tables_write(tables: Tables) -> None:
+    """One statement per table, in the caller's transaction."""
+    if tables.conversations:
+        insert_many(Conversation, tables.conversations)
+    if tables.messages:
+        insert_many(Message, tables.messages)
+    if tables.touch:
+        conversations_touch(tables.touch)
+    if tables.records:
+        insert_many(StreamRecord, tables.records)
 
 
 class GroupWriter:

@@ -1,0 +1,142 @@
+"""A group writer's batch as one statement on PostgreSQL: one round trip, a transaction of its
+own.
+
+Stored table by table, a batch costs the writer a round trip to PostgreSQL for each statement
+(each table's INSERT, the touch's UPDATE, the COMMIT), and the CPU of a round trip, the system
+calls on either side of the socket, is most of what a small batch costs the worker: under the
+load of a class the writer's batches are one or two answers. Here the batch's INSERTs and its
+UPDATE are the parts of one statement (data-modifying ``WITH`` queries), which PostgreSQL runs
+as a transaction of its own when none is open, all of it or none of it.
+
+Values are bound on the server with PostgreSQL's own placeholders (``$1``, ``$2``, ...), through
+psycopg's ``RawCursor``, which adapts them in C. Django's cursor binds on the client, formatting
+each value as an SQL literal in Python, and its ``%s`` placeholders are parsed anew on every
+call for a query this long.
+
+The parts see the tables as they were before the statement: a conversation inserted by it is not
+touched by its UPDATE (its ``updated_at`` is set as it is inserted). A message may come in the
+same statement as its new conversation: Django's foreign keys on PostgreSQL are checked when the
+transaction ends (``DEFERRABLE INITIALLY DEFERRED``).
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from assistant.models import Conversation, Message, StreamRecord
+
+#: PostgreSQL's limit on a statement's parameters (their count is a 16-bit integer).
+MAX_PARAMS = 65535
+
+
+@dataclass(slots=True)
+class Tables:
+    """What a batch stores, table by table."""
+
+    conversations: list[Conversation] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    #: Conversations whose ``updated_at`` moves to now.
+    touch: set[Any] = field(default_factory=set)
+    records: list[StreamRecord] = field(default_factory=list)
+
+
+def insert_fields(model: type[models.Model], objs: list[Any]) -> list[models.Field]:
+    """The columns ``objs`` are inserted with: every concrete one but a generated column, or an
+    auto primary key none of them has (left to the database: SQLite would take NULL as "next",
+    PostgreSQL refuses it)."""
+    auto = model._meta.auto_field
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if not f.generated and not (f is auto and all(obj.pk is None for obj in objs))
+    ]
+
+
+def insert_values(
+    fields: list[models.Field], objs: Iterable[Any], connection: BaseDatabaseWrapper
+) -> list[list[Any]]:
+    """Each object's values for ``fields``, prepared as ``bulk_create`` prepares them
+    (``pre_save`` fills ``auto_now_add``, ``get_db_prep_save`` adapts to the backend)."""
+    return [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
+
+
+def _insert(
+    model: type[models.Model], objs: list[Any], connection: BaseDatabaseWrapper, params: list[Any]
+) -> str:
+    """``INSERT INTO table (...) VALUES ($n, ...), ...`` for ``objs``; their values are added to
+    ``params``."""
+    fields = insert_fields(model, objs)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    rows = []
+    for values in insert_values(fields, objs, connection):
+        start = len(params)
+        params.extend(values)
+        rows.append("(" + ", ".join(f"${start + i}" for i in range(1, len(values) + 1)) + ")")
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join(rows)}"
+
+
+def _touch(ids: set[Any], connection: BaseDatabaseWrapper, params: list[Any]) -> str:
+    """``UPDATE ... SET updated_at = now WHERE id = ANY(ids)``; its values added to ``params``."""
+    quote = connection.ops.quote_name
+    meta = Conversation._meta
+    updated_at, pk = meta.get_field("updated_at"), meta.pk
+    params.append(updated_at.get_db_prep_save(timezone.now(), connection))
+    params.append([pk.get_db_prep_value(i, connection) for i in ids])
+    n = len(params)
+    return (
+        f"UPDATE {quote(meta.db_table)} SET {quote(updated_at.column)} = ${n - 1} "
+        f"WHERE {quote(pk.column)} = ANY(${n})"
+    )
+
+
+def _param_count(tables: Tables) -> int:
+    count = 2 if tables.touch else 0
+    for model, objs in _inserts(tables):
+        count += len(objs) * len(insert_fields(model, objs))
+    return count
+
+
+def _inserts(tables: Tables) -> list[tuple[type[models.Model], list[Any]]]:
+    # Parents first, though the order of a statement's parts is PostgreSQL's to choose.
+    found = [
+        (Conversation, tables.conversations),
+        (Message, tables.messages),
+        (StreamRecord, tables.records),
+    ]
+    return [(model, objs) for model, objs in found if objs]
+
+
+def batch_statement(
+    tables: Tables, connection: BaseDatabaseWrapper
+) -> tuple[str, list[Any]] | None:
+    """The one statement storing ``tables`` and its parameters; None when there is nothing to
+    store, or when it would take more parameters than PostgreSQL allows (thousands of answers
+    in one batch: the caller stores them table by table then)."""
+    if not (tables.conversations or tables.messages or tables.touch or tables.records):
+        return None
+    if _param_count(tables) > MAX_PARAMS:
+        return None
+    params: list[Any] = []
+    parts = [_insert(model, objs, connection, params) for model, objs in _inserts(tables)]
+    if tables.touch:
+        parts.append(_touch(tables.touch, connection, params))
+    *first, last = parts
+    if not first:
+        return last, params
+    withs = ", ".join(f"part{i} AS ({part})" for i, part in enumerate(first))
+    return f"WITH {withs} {last}", params
+
+
+def batch_statement_run(statement: tuple[str, list[Any]], connection: BaseDatabaseWrapper) -> None:
+    """Run ``batch_statement``'s statement on ``connection`` (Django's, PostgreSQL); a refusal is
+    Django's error (``IntegrityError``, ``OperationalError``, ...), as from its own cursor."""
+    sql, params = statement
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.RawCursor(connection.connection) as cursor:
+        cursor.execute(sql, params)
