@@ -18,6 +18,10 @@ rate limits and stream slots, under a prefix of the run's own, deleted after). T
 not counted, only what this process spends talking to them. The default, ``local``, is SQLite
 and this process's memory.
 
+Each round also says what the group writer spent of it: its batches (rows submitted while one
+is written go into the next, so a faster write makes smaller batches) and the CPU of the thread
+writing them, per answer.
+
 ``--profile`` runs the same answers again under cProfile and prints the functions with the most
 time of their own, and chatsite's by the time spent in them and what they call. Times under the
 profiler are inflated; its call counts are exact.
@@ -147,19 +151,50 @@ def profile_show(profile: cProfile.Profile) -> None:
     print(out.getvalue())
 
 
+class WriterClock:
+    """The group writer's share: its batches and the CPU of the thread writing them (around
+    ``persistence.rows_write``, which the writer calls by name)."""
+
+    def __init__(self) -> None:
+        from assistant.services import persistence
+
+        self.batches, self.cpu = 0, 0.0
+        write = persistence.rows_write
+
+        def timed(batch: list) -> None:
+            cpu = time.thread_time()
+            try:
+                write(batch)
+            finally:
+                self.cpu += time.thread_time() - cpu
+                self.batches += 1
+
+        persistence.rows_write = timed
+
+    def take(self) -> tuple[int, float]:
+        """The batches and CPU seconds since the last call."""
+        taken, self.batches, self.cpu = (self.batches, self.cpu), 0, 0.0
+        return taken
+
+
 async def run(args: argparse.Namespace) -> None:
     from chatsite.asgi import application
 
+    writer = WriterClock()
     cookies = await session_cookies(application)
     await answers(application, cookies, 50, args.concurrency)  # warm up
+    await asyncio.sleep(0.2)  # the warm-up's last rows stored
+    writer.take()
     for round_ in range(args.rounds):
         cpu, wall = time.process_time(), time.perf_counter()
         tokens = await answers(application, cookies, args.answers, args.concurrency)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        batches, writing = writer.take()
         print(
             f"round {round_ + 1}: {args.answers} answers ({tokens / args.answers:.0f} tokens each)"
             f", {args.concurrency} at a time: {cpu * 1000 / args.answers:.3f} ms of CPU per "
-            f"answer ({wall * 1000 / args.answers:.3f} ms of wall time)",
+            f"answer ({wall * 1000 / args.answers:.3f} ms of wall time); the group writer "
+            f"{batches} batches, {writing * 1000 / args.answers:.3f} ms of CPU per answer",
             flush=True,
         )
     if args.profile:

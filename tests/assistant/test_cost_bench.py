@@ -116,6 +116,8 @@ def test_the_answer_path_benchmark_answers_in_process(stores: str) -> None:
     [line] = [line for line in done.stdout.splitlines() if line.startswith("round 1:")]
     assert "20 answers (20 tokens each), 1 at a time:" in line
     assert float(line.split(": ")[2].split(" ms")[0]) > 0
+    writer = line.split("the group writer ")[1].split()
+    assert int(writer[0]) >= 1 and writer[1] == "batches," and float(writer[2]) > 0
     if stores == "production":  # what the run made is gone
         lines = done.stdout.splitlines()
         [name] = [line.split()[1] for line in lines if line.startswith("stores:")]
