@@ -53,6 +53,17 @@ class SharedRedisCacheClient(RedisCacheClient):
         self._redis_by_pool: dict[Any, Any] = {}
         self._count_scripts: dict[Any, Any] = {}
 
+    def _get_connection_pool(self, write: bool) -> Any:
+        # Django's checks for the pool and then stores a new one: two threads at once could
+        # each store their own, and their ``redis.Redis`` objects then differ. Here the first
+        # stored serves everyone (a pool opens no connection until a command needs one).
+        index = self._get_connection_pool_index(write)
+        pool = self._pools.get(index)
+        if pool is None:
+            made = self._pool_class.from_url(self._servers[index], **self._pool_options)
+            pool = self._pools.setdefault(index, made)
+        return pool
+
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
         pool = self._get_connection_pool(write)
         client = self._redis_by_pool.get(pool)

@@ -6,6 +6,7 @@ threads loses no command, and a rate limit's count is one round trip."""
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +21,15 @@ def shared(prefix: str) -> SharedRedisCache:
     return SharedRedisCache(REDIS_URL, {"KEY_PREFIX": prefix})
 
 
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """``work(n)`` on ``count`` threads at once, each given its number; back when all end."""
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+
 def test_commands_from_every_cache_object_and_thread_go_through_one_redis(
     redis_prefix: str,
 ) -> None:
@@ -32,13 +42,36 @@ def test_commands_from_every_cache_object_and_thread_go_through_one_redis(
         seen.add(id(cache._cache.get_client("k")))
         seen.add(id(cache._cache.get_client("k", write=True)))
 
-    threads = [threading.Thread(target=look) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    in_threads(lambda _: look(), 4)
     look()
     assert len(seen) == 1
+
+
+def test_threads_making_the_first_pool_at_once_keep_one(redis_prefix: str) -> None:
+    """Four threads ask for the first connection at the same moment: each makes a pool (they
+    are held at a barrier until all have), and all of them, and every later call, use the one
+    stored first, where Django's check-then-store kept one per thread."""
+    client = shared(redis_prefix)._cache
+    made = client._pool_class
+    together = threading.Barrier(4)
+
+    class AllAtOnce:
+        @staticmethod
+        def from_url(url: str, **options: Any) -> Any:
+            together.wait(timeout=10)
+            return made.from_url(url, **options)
+
+    client._pool_class = AllAtOnce
+    seen: list[int] = []
+
+    def look() -> None:
+        seen.append(id(shared(redis_prefix)._cache.get_client("k")))
+
+    in_threads(lambda _: look(), 4)
+    look()
+    assert len(seen) == 5, "a thread did not get its client"
+    assert len(set(seen)) == 1
+    assert len(client._pools) == 1
 
 
 def test_threads_sharing_the_client_lose_no_command(redis_prefix: str) -> None:
@@ -56,11 +89,7 @@ def test_threads_sharing_the_client_lose_no_command(redis_prefix: str) -> None:
             if mine.get(f"own:{number}") != number:
                 wrong.append(f"thread {number} read another value")
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    in_threads(work, 8)
     assert wrong == []
     assert cache.get("count") == 1600
     assert cache.get_many([f"own:{n}" for n in range(8)]) == {f"own:{n}": n for n in range(8)}
