@@ -155,7 +155,7 @@ def writer(args: argparse.Namespace) -> None:
     ways = list(WAYS) if kind == "postgresql" else ["insert per table"]
     for batch in args.batch:
         for way in ways:
-            writer_round(batch, 5, way)  # warm up: the connection, prepared statements
+            writer_round(batch, 5, way)  # warm up: the connection
         figures: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.rounds):
             for way in ways:

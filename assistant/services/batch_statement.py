@@ -81,18 +81,38 @@ def _insert(
     return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join(rows)}"
 
 
-def _touch(ids: set[Any], connection: BaseDatabaseWrapper, params: list[Any]) -> str:
-    """``UPDATE ... SET updated_at = now WHERE id = ANY(ids)``; its values added to ``params``."""
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """A touch's ``UPDATE`` but its placeholders: the quoted table and columns, the time and
+    the ids, prepared for ``connection``."""
+
+    table: str
+    column: str
+    key: str
+    now: Any
+    ids: list[Any]
+
+
+def touch_parts(ids: Iterable[Any], connection: BaseDatabaseWrapper) -> Touch:
+    """``UPDATE table SET updated_at = now WHERE id in ids``, for conversations ``ids``."""
     quote = connection.ops.quote_name
     meta = Conversation._meta
     updated_at, pk = meta.get_field("updated_at"), meta.pk
-    params.append(updated_at.get_db_prep_save(timezone.now(), connection))
-    params.append([pk.get_db_prep_value(i, connection) for i in ids])
-    n = len(params)
-    return (
-        f"UPDATE {quote(meta.db_table)} SET {quote(updated_at.column)} = ${n - 1} "
-        f"WHERE {quote(pk.column)} = ANY(${n})"
+    return Touch(
+        table=quote(meta.db_table),
+        column=quote(updated_at.column),
+        key=quote(pk.column),
+        now=updated_at.get_db_prep_save(timezone.now(), connection),
+        ids=[pk.get_db_prep_value(i, connection) for i in ids],
     )
+
+
+def _touch(ids: set[Any], connection: BaseDatabaseWrapper, params: list[Any]) -> str:
+    """``UPDATE ... SET updated_at = now WHERE id = ANY(ids)``; its values added to ``params``."""
+    touch = touch_parts(ids, connection)
+    params += [touch.now, touch.ids]
+    n = len(params)
+    return f"UPDATE {touch.table} SET {touch.column} = ${n - 1} WHERE {touch.key} = ANY(${n})"
 
 
 def _param_count(tables: Tables) -> int:

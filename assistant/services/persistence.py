@@ -39,6 +39,7 @@ from assistant.services.batch_statement import (
     batch_statement_run,
     insert_fields,
     insert_values,
+    touch_parts,
 )
 from assistant.services.traffic_sums import spans_invalidate
 
@@ -104,18 +105,11 @@ def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
 def conversations_touch(ids: set[uuid.UUID]) -> None:
     """``UPDATE ... SET updated_at = now WHERE id IN ids``, prepared like ``insert_many``."""
     connection = connections[router.db_for_write(Conversation)]
-    quote = connection.ops.quote_name
-    meta = Conversation._meta
-    updated_at, pk = meta.get_field("updated_at"), meta.pk
-    placeholders = ", ".join(["%s"] * len(ids))
-    sql = (
-        f"UPDATE {quote(meta.db_table)} SET {quote(updated_at.column)} = %s "
-        f"WHERE {quote(pk.column)} IN ({placeholders})"
-    )
-    params = [updated_at.get_db_prep_save(timezone.now(), connection)]
-    params += [pk.get_db_prep_value(i, connection) for i in ids]
+    touch = touch_parts(ids, connection)
+    placeholders = ", ".join(["%s"] * len(touch.ids))
+    sql = f"UPDATE {touch.table} SET {touch.column} = %s WHERE {touch.key} IN ({placeholders})"
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [touch.now, *touch.ids])
 
 
 def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID, keep: uuid.UUID) -> None:
