@@ -14,17 +14,15 @@ from django.db import transaction
 from django.utils.translation import gettext
 
 from assistant import errors
-from assistant.db import run_db
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
-from assistant.services.admission import cache_in_process
 from assistant.services.chat_request import _UNSTORABLE
 from assistant.services.persistence import (
     PersistenceFailed,
     Rows,
     deleted_key,
-    deleted_marked,
+    deleted_look,
     rows_store,
 )
 from assistant.services.ratelimit import rate_limit_hit
@@ -153,14 +151,15 @@ async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
     same transaction): a request id used twice must not cost the answer.
 
     When the answer's conversation was deleted while it ran (``conversation_delete``), only the
-    record is stored, and one info line says so: nothing comes back to life. The writer looks
-    for the cache's marks once for its whole batch (``persistence.deleted_dropped``), not once
-    per answer. Deleted in the moment between that look and the write, the writer refuses the
-    rows (one warning line of its own), and this ends in the same info line rather than a
-    failure.
+    record is stored, and one info line says so: nothing comes back to life. The database
+    refuses the answer's message (its conversation is gone), and the writer then looks for the
+    cache's marks of its batch's conversations (``persistence.deleted_dropped``) and writes the
+    rest again. If the refusal came before the conversation's mark (the moment between the
+    delete and the mark), the writer refuses the rows (one warning line of its own), and this
+    looks again and ends in the same info line rather than a failure.
     """
     record = Rows(records=[stream_record(summary)])
-    rows.unless_deleted = summary.conversation_id  # the writer looks, once per batch
+    rows.unless_deleted = summary.conversation_id  # looked for if the writer is refused
     stored, recorded = await asyncio.gather(
         rows_store(rows), rows_store(record), return_exceptions=True
     )
@@ -187,9 +186,7 @@ async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
     """Whether ``conversation_delete`` deleted this conversation lately (its mark in the
     cache, ``persistence.deleted_marked``). False when the cache cannot say: the writer's
     refusal is the last word then."""
-    ids = {conversation_id}
-    marked = deleted_marked(ids) if cache_in_process() else await run_db(deleted_marked, ids)
-    return conversation_id in marked
+    return conversation_id in await deleted_look({conversation_id})
 
 
 def conversation_title_parse(body: bytes) -> str:

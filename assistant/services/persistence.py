@@ -31,8 +31,9 @@ from django.db.models import Subquery
 from django.utils import timezone
 
 from assistant import metrics
-from assistant.db import run_db_write
+from assistant.db import run_db, run_db_write
 from assistant.models import Classroom, Conversation, Message, StreamRecord
+from assistant.services.admission import cache_in_process
 from assistant.services.batch_statement import (
     Tables,
     batch_statement,
@@ -61,7 +62,7 @@ class Rows:
     #: The records' request ids were replaced once already (``records_renamed``).
     renamed: bool = False
     #: The conversation these rows belong to, when they are to be left out had it been deleted
-    #: meanwhile (``deleted_marked``); ``dropped`` says they were.
+    #: meanwhile (``deleted_dropped``); ``dropped`` says they were.
     unless_deleted: uuid.UUID | None = None
     dropped: bool = False
 
@@ -155,23 +156,41 @@ def deleted_marked(ids: set[uuid.UUID]) -> set[uuid.UUID]:
     return {i for i in ids if deleted_key(i) in found}
 
 
-def deleted_dropped(batch: list[Rows]) -> None:
-    """Leave out the rows of the batch's conversations deleted meanwhile (their messages and
-    touch; their records stay), marking them ``dropped``: one cache trip per batch."""
-    ids = {rows.unless_deleted for rows in batch if rows.unless_deleted is not None}
-    if not ids:
-        return
-    deleted = deleted_marked(ids)
-    for rows in batch:
-        if rows.unless_deleted in deleted:
-            rows.messages, rows.touch, rows.replaced, rows.dropped = [], [], [], True
+async def deleted_look(ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    """``deleted_marked`` from the event loop: in place when the cache is this process's
+    memory, on a reader thread otherwise; none when no thread takes it (the process is
+    stopping): the database's refusal is the last word then, as when the cache cannot say."""
+    if cache_in_process():
+        return deleted_marked(ids)
+    try:
+        return await run_db(deleted_marked, ids)
+    except RuntimeError:  # the reader threads were shut down
+        logger.warning("Could not look whether %d conversations were deleted", len(ids))
+        return set()
+
+
+async def deleted_dropped(batch: list[Rows]) -> bool:
+    """After the database refused ``batch``: leave out the rows of its conversations deleted
+    meanwhile (their messages and touch; their records stay), marking them ``dropped``, in one
+    cache trip. Whether any were: the batch is then written again without them.
+
+    A message of a deleted conversation is refused by its foreign key, so the writer looks for
+    the marks only after a refusal, not before every batch: a delete during an answer is rare,
+    a batch is not."""
+    asking = [rows for rows in batch if rows.unless_deleted is not None and not rows.dropped]
+    if not asking:
+        return False
+    deleted = await deleted_look({rows.unless_deleted for rows in asking})
+    gone = [rows for rows in asking if rows.unless_deleted in deleted]
+    for rows in gone:
+        rows.messages, rows.touch, rows.replaced, rows.dropped = [], [], [], True
+    return bool(gone)
 
 
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction. On PostgreSQL that is one
     statement, run in one round trip (``batch_statement``); on SQLite, one statement per
     table."""
-    deleted_dropped(batch)
     tables = Tables(
         conversations=[c for rows in batch for c in rows.conversations],
         messages=[m for rows in batch for m in rows.messages],
@@ -247,6 +266,9 @@ class GroupWriter:
                 metrics.PERSISTENCE_FAILURES.labels("lost").inc()
             return
         except Exception as exc:
+            if isinstance(exc, IntegrityError) and await deleted_dropped([r for r, _ in batch]):
+                await self._flush(batch)  # again, without the deleted conversations' rows
+                return
             if len(batch) > 1:
                 # One bad row must not lose the others: retry them one by one.
                 for item in batch:

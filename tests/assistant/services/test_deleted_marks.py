@@ -1,9 +1,11 @@
-"""An answer whose conversation was deleted while it ran is left out by the writer, which looks
-for the cache's deleted marks once per batch (``persistence.deleted_dropped``), not once per
-answer. The end-to-end case, through a real server and both serving paths, is
+"""An answer whose conversation was deleted while it ran is left out by the writer: the database
+refuses its message (the conversation is gone), and only then does the writer look for the
+cache's deleted marks, once for the refused batch (``persistence.deleted_dropped``), and write
+the rest again. The end-to-end case, through a real server and both serving paths, is
 tests/assistant/test_conversation_actions.py: test_deleting_a_conversation_while_its_answer_streams.
 """
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,12 +13,13 @@ from typing import Any
 import pytest
 from django.core.cache import BaseCache, cache, caches
 
+from assistant.db import run_db
 from assistant.models import Conversation, Message
 from assistant.services import conversations, persistence
 from assistant.services.conversations import DELETED_KEEP_S
-from assistant.services.persistence import Rows, deleted_key, rows_write
+from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -42,58 +45,86 @@ def answer(conversation: Conversation, text: str) -> Rows:
     return rows
 
 
-def test_a_batch_leaves_out_the_answers_of_conversations_marked_deleted(
-    marks: list[uuid.UUID],
-) -> None:
-    kept = Conversation.objects.create(owner_key="owner", title="kept")
-    gone = Conversation.objects.create(owner_key="owner", title="gone")
-    mark(marks, gone.id)
-    rows_kept, rows_gone = answer(kept, "stays"), answer(gone, "does not")
-    lookups: list[list[str]] = []
-    get_many = cache.get_many
-
-    def counted(keys: list[str]) -> dict[str, Any]:
-        lookups.append(keys)
-        return get_many(keys)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(persistence.cache, "get_many", counted)
-        rows_write([rows_kept, rows_gone])
-    assert len(lookups) == 1 and len(lookups[0]) == 2  # one look for the whole batch
-    assert not rows_kept.dropped and rows_gone.dropped
-    assert list(Message.objects.values_list("content", flat=True)) == ["stays"]
+def contents() -> list[str]:
+    return list(Message.objects.values_list("content", flat=True))
 
 
-def test_rows_not_asking_to_be_left_out_cost_no_look() -> None:
-    conversation = Conversation.objects.create(owner_key="owner", title="kept")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(persistence.cache, "get_many", lambda keys: pytest.fail("looked"))
-        rows_write([Rows(messages=[Message(conversation=conversation, role="user", content="q")])])
-    assert Message.objects.count() == 1
+def counted_looks(patch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The keys of every look for deleted marks from now on, on every thread's cache object."""
+    looks: list[list[str]] = []
+    get_many = type(caches["default"]).get_many
+
+    def counted(self: BaseCache, keys: list[str], version: int | None = None) -> dict:
+        looks.append(list(keys))
+        return get_many(self, keys, version=version)
+
+    patch.setattr(type(caches["default"]), "get_many", counted)
+    return looks
 
 
-def test_a_cache_that_cannot_say_drops_nothing(
+async def test_a_refused_batch_leaves_out_the_answers_of_conversations_marked_deleted(
     marks: list[uuid.UUID], caplog: pytest.LogCaptureFixture
 ) -> None:
-    conversation = Conversation.objects.create(owner_key="owner", title="kept")
-    rows = answer(conversation, "stays")
+    """Two answers in one batch, one of a conversation deleted (and marked) since: the database
+    refuses the batch, the writer looks once for both, and writes the other again, alone."""
+    kept = await run_db(Conversation.objects.create, owner_key="owner", title="kept")
+    gone = await run_db(Conversation.objects.create, owner_key="owner", title="gone")
+    rows_kept, rows_gone = answer(kept, "stays"), answer(gone, "does not")
+    gone_id = gone.id
+    await run_db(gone.delete)  # (its id is None from here)
+    mark(marks, gone_id)
+    with pytest.MonkeyPatch.context() as patch:
+        looks = counted_looks(patch)
+        await asyncio.gather(rows_store(rows_kept), rows_store(rows_gone))  # one batch
+    assert [sorted(keys) for keys in looks] == [sorted(map(deleted_key, (kept.id, gone_id)))]
+    assert not rows_kept.dropped and rows_gone.dropped
+    assert await run_db(contents) == ["stays"]
+    assert "Could not store" not in caplog.text
 
-    def unreachable(keys: list[str]) -> dict[str, Any]:
+
+async def test_a_batch_the_database_takes_costs_no_look(marks: list[uuid.UUID]) -> None:
+    """The marks are looked for only after a refusal: an answer whose conversation is there,
+    even one marked deleted by mistake, is stored without a cache trip."""
+    conversation = await run_db(Conversation.objects.create, owner_key="owner", title="kept")
+    mark(marks, conversation.id)
+    rows = answer(conversation, "stays")
+    with pytest.MonkeyPatch.context() as patch:
+        looks = counted_looks(patch)
+        await rows_store(rows)
+    assert looks == [] and not rows.dropped
+    assert await run_db(Message.objects.count) == 1
+
+
+async def test_a_cache_that_cannot_say_drops_nothing(
+    marks: list[uuid.UUID], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleted, but the cache cannot say so: the refusal is the last word (one warning for the
+    look, one for the rows), and the rows' writer says they failed."""
+    conversation = await run_db(Conversation.objects.create, owner_key="owner", title="gone")
+    rows, gone_id = answer(conversation, "refused"), conversation.id
+    await run_db(conversation.delete)
+
+    def unreachable(self: BaseCache, keys: list[str], version: int | None = None) -> dict:
         raise ConnectionError("cache down")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(persistence.cache, "get_many", unreachable)
-        rows_write([rows])
-    assert not rows.dropped and Message.objects.count() == 1
-    assert f"Could not tell whether conversations {conversation.id} were deleted" in caplog.text
+        patch.setattr(type(caches["default"]), "get_many", unreachable)
+        with pytest.raises(PersistenceFailed):
+            await rows_store(rows)
+    assert not rows.dropped and await run_db(Message.objects.count) == 0
+    assert f"Could not tell whether conversations {gone_id} were deleted" in caplog.text
+    assert "Could not store rows" in caplog.text
 
 
-def test_a_mark_of_another_conversation_drops_nothing(marks: list[uuid.UUID]) -> None:
-    conversation = Conversation.objects.create(owner_key="owner", title="kept")
+async def test_a_mark_of_another_conversation_drops_nothing(marks: list[uuid.UUID]) -> None:
+    """Refused, and only another conversation is marked: nothing is left out, the rows fail."""
+    conversation = await run_db(Conversation.objects.create, owner_key="owner", title="gone")
+    rows = answer(conversation, "refused")
+    await run_db(conversation.delete)
     mark(marks, uuid.uuid4())
-    rows = answer(conversation, "stays")
-    rows_write([rows])
-    assert not rows.dropped and Message.objects.count() == 1
+    with pytest.raises(PersistenceFailed):
+        await rows_store(rows)
+    assert not rows.dropped and await run_db(Message.objects.count) == 0
 
 
 async def test_the_look_after_a_refused_write_reads_the_same_marks(
@@ -114,3 +145,17 @@ async def test_the_look_after_a_refused_write_reads_the_same_marks(
         patch.setattr(type(caches["default"]), "get_many", unreachable)
         assert not await conversations._conversation_deleted(gone)
     assert f"Could not tell whether conversations {gone} were deleted" in caplog.text
+
+
+async def test_a_look_no_thread_takes_finds_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal while the process stops (its reader threads shut down, the cache shared): the
+    look finds no mark, says so, and the refusal stands."""
+
+    async def shut_down(*args: Any) -> Any:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(persistence, "cache_in_process", lambda: False)
+        patch.setattr(persistence, "run_db", shut_down)
+        assert await persistence.deleted_look({uuid.uuid4()}) == set()
+    assert "Could not look whether 1 conversations were deleted" in caplog.text
