@@ -158,15 +158,8 @@ def deleted_marked(ids: set[uuid.UUID]) -> set[uuid.UUID]:
 
 async def deleted_look(ids: set[uuid.UUID]) -> set[uuid.UUID]:
     """``deleted_marked`` from the event loop: in place when the cache is this process's
-    memory, on a reader thread otherwise; none when no thread takes it (the process is
-    stopping): the database's refusal is the last word then, as when the cache cannot say."""
-    if cache_in_process():
-        return deleted_marked(ids)
-    try:
-        return await run_db(deleted_marked, ids)
-    except RuntimeError:  # the reader threads were shut down
-        logger.warning("Could not look whether %d conversations were deleted", len(ids))
-        return set()
+    memory, on a reader thread otherwise."""
+    return deleted_marked(ids) if cache_in_process() else await run_db(deleted_marked, ids)
 
 
 async def deleted_dropped(batch: list[Rows]) -> bool:

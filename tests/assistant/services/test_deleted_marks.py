@@ -8,14 +8,13 @@ tests/assistant/test_conversation_actions.py: test_deleting_a_conversation_while
 import asyncio
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.core.cache import BaseCache, cache, caches
 
 from assistant.db import run_db
 from assistant.models import Conversation, Message
-from assistant.services import conversations, persistence
+from assistant.services import conversations
 from assistant.services.conversations import DELETED_KEEP_S
 from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
 
@@ -145,17 +144,3 @@ async def test_the_look_after_a_refused_write_reads_the_same_marks(
         patch.setattr(type(caches["default"]), "get_many", unreachable)
         assert not await conversations._conversation_deleted(gone)
     assert f"Could not tell whether conversations {gone} were deleted" in caplog.text
-
-
-async def test_a_look_no_thread_takes_finds_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    """A refusal while the process stops (its reader threads shut down, the cache shared): the
-    look finds no mark, says so, and the refusal stands."""
-
-    async def shut_down(*args: Any) -> Any:
-        raise RuntimeError("cannot schedule new futures after shutdown")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(persistence, "cache_in_process", lambda: False)
-        patch.setattr(persistence, "run_db", shut_down)
-        assert await persistence.deleted_look({uuid.uuid4()}) == set()
-    assert "Could not look whether 1 conversations were deleted" in caplog.text
