@@ -22,13 +22,16 @@ Each round also says what the group writer spent of it: its batches (rows submit
 is written go into the next, so a faster write makes smaller batches) and the CPU of the thread
 writing them, per answer.
 
+``--without-hiredis`` hides hiredis from redis-py (its own Python parser and command packer
+then serve), to measure what the C one saves on the production stores.
+
 ``--profile`` runs the same answers again under cProfile and prints the functions with the most
 time of their own, and chatsite's by the time spent in them and what they call. Times under the
 profiler are inflated; its call counts are exact.
 
     python benchmarks/answer_path.py [--answers 2000] [--tokens 20] [--concurrency 1]
                                      [--rounds 3] [--ttft-ms 0] [--itl-ms 0] [--profile]
-                                     [--stores local|production]
+                                     [--stores local|production] [--without-hiredis]
 
 Each answer's log line goes to stderr, as a worker's does: ``CHATSITE_LOG_LEVEL=WARNING``
 quiets them.
@@ -216,7 +219,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--stores", choices=["local", "production"], default="local")
     parser.add_argument("--postgres", default=POSTGRES, help="server for --stores production")
+    parser.add_argument("--without-hiredis", action="store_true")
     args = parser.parse_args()
+    if args.without_hiredis:
+        if "redis" in sys.modules:
+            raise RuntimeError("redis-py was imported before hiredis could be hidden from it")
+        sys.modules["hiredis"] = None  # type: ignore[assignment]  # so that importing it fails
 
     with tempfile.TemporaryDirectory(prefix="answer-path-") as folder:
         if args.stores == "local":
@@ -278,9 +286,12 @@ def measure(args: argparse.Namespace, db: Path, stores: dict[str, str]) -> None:
         os.environ.pop("DATABASE_URL", None)
         os.environ.pop("CHATSITE_REDIS_URL", None)
     database_migrate(ROOT, dict(os.environ), db)
+    from redis.utils import HIREDIS_AVAILABLE
+
     from chatsite.event_loop import event_loop_install
 
     print(f"event loop: {event_loop_install()}", flush=True)
+    print(f"redis-py's parser: {'hiredis' if HIREDIS_AVAILABLE else 'Python'}", flush=True)
     if stores:
         print(f"stores: {stores['CHATSITE_REDIS_PREFIX']} (PostgreSQL database, Redis prefix)")
     asyncio.run(run(args))

@@ -1,6 +1,9 @@
 """What one cache call costs the worker: Django's Redis cache, the production profile's
 (``assistant.cache.SharedRedisCache``), and redis-py alone (the floor).
 
+redis-py reads replies and packs commands with hiredis (C) when it is installed, as chatsite
+declares it; the rows marked "Python" use redis-py's own parser and packer instead, beside them.
+
 Django's Redis client builds a ``redis.Redis`` object for every command; the production
 backend keeps one per connection pool. A rate limit's count is Django's ``add`` and ``incr``
 (three round trips: ``SET NX``, ``EXISTS``, ``INCRBY``) on the stock backend, and one script
@@ -57,6 +60,18 @@ def stock_count(cache: RedisCache) -> Callable[[], object]:
     return count
 
 
+def in_python() -> dict[str, object]:
+    """Connection options for redis-py's own RESP parser and command packer, not hiredis's."""
+    from redis._parsers import _RESP3Parser
+    from redis.connection import Encoder, PythonRespSerializer
+
+    encoder = Encoder("utf-8", "strict", False)
+    return {
+        "parser_class": _RESP3Parser,
+        "command_packer": PythonRespSerializer(6000, encoder.encode),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3000)
@@ -64,23 +79,31 @@ def main() -> None:
     prefix = f"bench-cache-{uuid.uuid4().hex[:8]}"
     stock = RedisCache(REDIS_URL, {"KEY_PREFIX": prefix})
     shared = SharedRedisCache(REDIS_URL, {"KEY_PREFIX": prefix})
+    shared_python = SharedRedisCache(REDIS_URL, {"KEY_PREFIX": prefix, "OPTIONS": in_python()})
     plain = redis.Redis.from_url(REDIS_URL)
+    plain_python = redis.Redis.from_url(REDIS_URL, **in_python())
     stock.set("session", b"x" * 200)
     rows = [
         ("get, Django's backend", lambda: stock.get("session")),
         ("get, SharedRedisCache", lambda: shared.get("session")),
+        ("get, SharedRedisCache, Python", lambda: shared_python.get("session")),
         ("get, redis-py alone", lambda: plain.get(stock.make_key("session"))),
+        ("get, redis-py alone, Python", lambda: plain_python.get(stock.make_key("session"))),
         ("count, Django's add + incr", stock_count(stock)),
         ("count, SharedRedisCache.count_hit", lambda: shared.count_hit("count", timeout=61)),
+        (
+            "count, SharedRedisCache.count_hit, Python",
+            lambda: shared_python.count_hit("count", timeout=61),
+        ),
     ]
     try:
         for _, call in rows:  # connections opened, scripts loaded
             call()
         print(f"median of {args.rounds} calls (µs)")
-        print(f"{'call':<36}  {'CPU':>7}  {'took':>7}")
+        print(f"{'call':<44}  {'CPU':>7}  {'took':>7}")
         for name, call in rows:
             cpu, took = measure(call, args.rounds)
-            print(f"{name:<36}  {cpu:>7.1f}  {took:>7.1f}")
+            print(f"{name:<44}  {cpu:>7.1f}  {took:>7.1f}")
     finally:
         keys_deleted(plain, prefix)
 

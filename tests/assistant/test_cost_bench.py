@@ -98,12 +98,16 @@ def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() 
     assert floor_of("chatsite-uvicorn-baseline", "chatsite-uvicorn", measured) == "uvicorn-raw"
 
 
-@pytest.mark.parametrize("stores", ["local", "production"])
-def test_the_answer_path_benchmark_answers_in_process(stores: str) -> None:
+@pytest.mark.parametrize(
+    ("stores", "hiredis"), [("local", True), ("production", True), ("production", False)]
+)
+def test_the_answer_path_benchmark_answers_in_process(stores: str, hiredis: bool) -> None:
     """benchmarks/answer_path.py calls the application as a server would and reports the CPU of
     whole answers (each with its tokens), on SQLite and memory or on the production profile's
-    PostgreSQL and Redis (the machine's, in a database and under a prefix of the run's own)."""
+    PostgreSQL and Redis (the machine's, in a database and under a prefix of the run's own),
+    with redis-py's replies read by hiredis or, with ``--without-hiredis``, by its own parser."""
     command = ["benchmarks/answer_path.py", "--answers", "20", "--rounds", "1", "--stores", stores]
+    command += [] if hiredis else ["--without-hiredis"]
     done = subprocess.run(
         [sys.executable, *command],
         cwd=ROOT,
@@ -113,6 +117,7 @@ def test_the_answer_path_benchmark_answers_in_process(stores: str) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert f"redis-py's parser: {'hiredis' if hiredis else 'Python'}\n" in done.stdout
     [line] = [line for line in done.stdout.splitlines() if line.startswith("round 1:")]
     assert "20 answers (20 tokens each), 1 at a time:" in line
     assert float(line.split(": ")[2].split(" ms")[0]) > 0

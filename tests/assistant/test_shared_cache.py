@@ -74,6 +74,21 @@ def test_threads_making_the_first_pool_at_once_keep_one(redis_prefix: str) -> No
     assert len(client._pools) == 1
 
 
+def test_replies_are_parsed_and_commands_packed_in_c(redis_prefix: str) -> None:
+    """The cache's connections, and those of the channel layer's asyncio client, read Redis's
+    replies and pack commands with hiredis (``redis[hiredis]``), not with redis-py's Python
+    parser (about a tenth of a cache call's CPU: benchmarks/cache_calls.py)."""
+    from redis._parsers import _AsyncHiredisParser, _HiredisParser
+    from redis.asyncio.connection import Connection as AsyncConnection
+    from redis.connection import HiredisRespSerializer
+
+    pool = shared(redis_prefix)._cache.get_client("k").connection_pool
+    connection = pool.make_connection()
+    assert isinstance(connection._parser, _HiredisParser)
+    assert isinstance(connection._command_packer, HiredisRespSerializer)
+    assert isinstance(AsyncConnection()._parser, _AsyncHiredisParser)
+
+
 def test_threads_sharing_the_client_lose_no_command(redis_prefix: str) -> None:
     """Eight threads, each with its own cache object, 200 increments each on one key and a
     read of a key of its own: every increment counted, every read its own value."""
