@@ -23,13 +23,12 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from assistant import errors
-from assistant.engines import BaseEngine, Delta, EngineError, EngineTimeout
+from assistant.engines import BaseEngine, EngineError, EngineTimeout
 from assistant.models import StreamRecord
 from assistant.services import background
 from assistant.services.admission import chat_slot_release
@@ -156,18 +155,7 @@ class Answer:
             self._live = _Live(live, heartbeat, beating)
             self._reader = _watch(connection)
         try:
-            frames = self._frames()
-            async with aclosing(frames):
-                while True:
-                    try:
-                        token_id, frame = await anext(frames)
-                    except StopAsyncIteration:
-                        break
-                    except Exception:
-                        logger.exception("Answer %s crashed", self.request_id)
-                        await self._deliver(None, self.frames.server_error())
-                        break
-                    await self._deliver(token_id, frame)
+            await self._deliver(None, await self._generate())
         finally:
             try:
                 await self._close()
@@ -269,92 +257,113 @@ class Answer:
             if token_id is not None and self._fell_behind(reader):
                 self._drop_live()
 
-    async def _next_delta(self, limit: float) -> Delta:
-        """The engine's next delta within ``limit`` s; ``Ended`` when an early end cut the
-        wait short, ``EngineTimeout`` when the engine took too long."""
-        try:
-            return await self.source.next(limit)
-        except TimeoutError:
-            if self._end is not None:
-                raise Ended(self._end) from None
-            stage = "token" if self.timings.tokens else "first_token"
-            message = f"no {stage} within {limit:g} s"
-            raise EngineTimeout(message, code=f"{stage}_timeout") from None
+    async def _generate(self) -> bytes:
+        """Deliver ``: open``, ``meta`` and each token the moment the engine makes it; returns
+        the answer's last frame (``done`` or ``error``; empty when it has none).
 
-    async def _frames(self) -> AsyncIterator[tuple[int | None, bytes]]:
-        """The answer's frames with their token ids; ends with ``done`` or ``error``."""
-        timings = self.timings
+        One loop for every token, with the engine's wait in it, and nothing between the
+        engine's stream and ``_deliver``: a token costs one step of this coroutine and one of
+        ``EngineStream.next``. What the engine, the frames or the end raise is the answer's
+        failure (recorded, logged, an ``error`` frame); what delivering raises is not caught
+        here (the transport's, and the answer is still stored by ``run``)."""
+        frames, source, timings, deliver = self.frames, self.source, self.timings, self._deliver
         config = settings.CHATSITE_STREAM
-        limits = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
+        first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
+        await deliver(None, frames.open())
         try:
-            yield None, self.frames.open()
-            yield None, self._meta()
-            while (item := await self._next_frame(*limits)) is not None:
-                yield item
-                if item[0] is not None:  # a token: sent now
-                    timings.token_sent(now())
-                    self._save_question()
+            meta = self._meta()
+        except Exception:
+            return self._crashed(record=True)
+        await deliver(None, meta)
+        ending: EngineError | Ended | None = None
+        while True:
+            try:
+                if self._end is not None:
+                    raise Ended(self._end)
+                limit = next_limit if timings.tokens else first_limit
+                try:
+                    delta = await source.next(limit)
+                except TimeoutError:
+                    raise self._wait_failed(limit) from None
+                if delta.queue_position is not None:
+                    token_id, frame = None, frames.queue(delta.queue_position)
+                else:
+                    if delta.prompt_tokens is not None:
+                        self.prompt_tokens = delta.prompt_tokens
+                    if delta.completion_tokens is not None:
+                        self.completion_tokens = delta.completion_tokens
+                    if delta.finish_reason:
+                        self.finish_reason = delta.finish_reason
+                    if not delta.text:
+                        continue
+                    if not timings.tokens:
+                        timings.engine_first_delta = now()
+                    text = _UNPAIRED.sub("\ufffd", delta.text)
+                    self.text.append(text)
+                    token_id = timings.tokens + 1
+                    frame = frames.token(text, token_id)
+            except StopAsyncIteration:
+                break
+            except (EngineError, Ended) as exc:
+                ending = exc
+                break
+            except Exception:
+                return self._crashed(record=True)
+            await deliver(token_id, frame)
+            if token_id is not None:  # a token: sent now
+                timings.token_sent(now())
+                self._save_question()
+        try:
+            return await self._last_frame(ending)
+        except Exception:
+            # A failure after the engine's is not recorded over it.
+            return self._crashed(record=ending is None)
+
+    def _wait_failed(self, limit: float) -> Ended | EngineTimeout:
+        """Why the wait for the engine's next delta ended before it came: an early end cut it
+        short, or the engine took longer than ``limit`` s."""
+        if self._end is not None:
+            return Ended(self._end)
+        stage = "token" if self.timings.tokens else "first_token"
+        return EngineTimeout(f"no {stage} within {limit:g} s", code=f"{stage}_timeout")
+
+    async def _last_frame(self, ending: EngineError | Ended | None) -> bytes:
+        """The outcome, the slot given back, and the last frame: ``done`` when the engine
+        finished (``ending`` None), else the ``error`` for its failure or the early end."""
+        timings = self.timings
+        if ending is None:
             self._ended(Outcome.OK, "")
             await self._release_slot()
-            reason = self.finish_reason or "stop"
-            yield (
-                None,
-                self.frames.done(
-                    finish_reason=reason,
-                    tokens=timings.tokens,
-                    timings=timings.as_ms(),
-                    usage=(self.prompt_tokens, self.completion_tokens),
-                ),
+            return self.frames.done(
+                finish_reason=self.finish_reason or "stop",
+                tokens=timings.tokens,
+                timings=timings.as_ms(),
+                usage=(self.prompt_tokens, self.completion_tokens),
             )
-        except EngineError as exc:
-            timed_out = isinstance(exc, EngineTimeout)
-            self._ended(Outcome.TIMEOUT if timed_out else Outcome.ENGINE_ERROR, exc.code)
-            logger.warning("Engine failed on %s: %s", self.request_id, exc)
-            if timed_out:
-                failed = errors.ENGINE_TIMEOUT
-            else:
-                failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
-            await self._release_slot()
-            yield None, self.frames.error(exc.code, failed.message)
-        except Ended as ended:
-            end = ended.end
+        if isinstance(ending, Ended):
+            end = ending.end
             self._ended(end.outcome, end.code)
             logger.info("Ended %s early (%s)", self.request_id, end.code or "stopped")
             await self._release_slot()
-            if end.message:
-                # Kept for a resume; a dropped reader's connection is gone already.
-                yield None, self.frames.error(end.code, end.message)
-        except Exception:
-            self._ended(Outcome.SERVER_ERROR, "server_error")
-            raise
+            # Kept for a resume; a dropped reader's connection is gone already.
+            return self.frames.error(end.code, end.message) if end.message else b""
+        timed_out = isinstance(ending, EngineTimeout)
+        self._ended(Outcome.TIMEOUT if timed_out else Outcome.ENGINE_ERROR, ending.code)
+        logger.warning("Engine failed on %s: %s", self.request_id, ending)
+        if timed_out:
+            failed = errors.ENGINE_TIMEOUT
+        else:
+            failed = errors.ENGINE_FAILED if timings.tokens else errors.ENGINE_UNAVAILABLE
+        await self._release_slot()
+        return self.frames.error(ending.code, failed.message)
 
-    async def _next_frame(
-        self, first_limit: float, next_limit: float
-    ) -> tuple[int | None, bytes] | None:
-        """The next frame the engine's deltas make (a token, with its id, or a queue
-        position); None when the engine is done."""
-        timings = self.timings
-        while True:
-            if self._end is not None:
-                raise Ended(self._end)
-            try:
-                delta = await self._next_delta(next_limit if timings.tokens else first_limit)
-            except StopAsyncIteration:
-                return None
-            if delta.queue_position is not None:
-                return None, self.frames.queue(delta.queue_position)
-            if delta.prompt_tokens is not None:
-                self.prompt_tokens = delta.prompt_tokens
-            if delta.completion_tokens is not None:
-                self.completion_tokens = delta.completion_tokens
-            if delta.finish_reason:
-                self.finish_reason = delta.finish_reason
-            if delta.text:
-                if not timings.tokens:
-                    timings.engine_first_delta = now()
-                text = _UNPAIRED.sub("\ufffd", delta.text)
-                self.text.append(text)
-                return timings.tokens + 1, self.frames.token(text, timings.tokens + 1)
+    def _crashed(self, *, record: bool) -> bytes:
+        """The server failed while answering: logged, recorded as its outcome (``record``), and
+        told in the stream's last frame."""
+        logger.exception("Answer %s crashed", self.request_id)
+        if record:
+            self._ended(Outcome.SERVER_ERROR, "server_error")
+        return self.frames.server_error()
 
     def _meta(self) -> bytes:
         exchange = self.exchange
