@@ -11,6 +11,8 @@ Two pieces of every answer's end, each beside the way it was done before:
   ``insert per table`` the writer before it (Django's ``executemany`` INSERT per table, an
   UPDATE, then the COMMIT; still SQLite's way), ``copy per table`` the same with a ``COPY``
   per table. Rounds alternate between the ways.
+* **The rows' making**: what ``exchange_rows`` costs per exchange on the thread that makes
+  them, the event loop's in a worker (the rows' values, ids and timings included).
 * **The inter-token histogram**: an answer's gaps (``--gaps``) observed in one update
   (``metrics.observe_all``) against one ``observe`` per gap, the CPU per answer, in one process
   and in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as the production workers run).
@@ -98,12 +100,12 @@ def copy_tables(model: type, objs: list) -> None:
     a time, before the one statement."""
     from django.db import connections, router
 
-    from assistant.services.batch_statement import insert_fields, insert_values
+    from assistant.services.table_rows import insert_columns, insert_values
 
     connection = connections[router.db_for_write(model)]
-    fields = insert_fields(model, objs)
+    fields = insert_columns(model, objs, connection)
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
+    columns = ", ".join(quote(c.field.column) for c in fields)
     with connection.cursor() as cursor, connection.wrap_database_errors:
         table = quote(model._meta.db_table)
         with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
@@ -141,6 +143,19 @@ def writer_round(batch: int, batches: int, way: str) -> float:
     return cpu / (batch * batches) * 1e6
 
 
+def rows_made(rounds: int, exchanges: int = 5000) -> str:
+    """What making an exchange's rows (``exchange_rows``) costs the event loop, which makes
+    them (µs of CPU per exchange, the rounds' median and spread)."""
+    exchange_rows()  # warm up: imports
+    figures = []
+    for _ in range(rounds):
+        cpu = time.thread_time()
+        for _ in range(exchanges):
+            exchange_rows()
+        figures.append((time.thread_time() - cpu) / exchanges * 1e6)
+    return spread(figures)
+
+
 def writer(args: argparse.Namespace) -> None:
     """Set Django up on the database ``DATABASE_URL`` names (else a SQLite file), then time the
     writer each way, alternating."""
@@ -151,6 +166,7 @@ def writer(args: argparse.Namespace) -> None:
     django.setup()
     call_command("migrate", verbosity=0)
     kind = connection.vendor
+    print(f"rows made: {rows_made(args.rounds)} us of CPU per exchange", flush=True)
     # On SQLite every way is its INSERT per table.
     ways = list(WAYS) if kind == "postgresql" else ["insert per table"]
     for batch in args.batch:

@@ -284,6 +284,12 @@ def from_db[T](query: Callable[[], T]) -> T:
         return pool.submit(run).result()
 
 
+def row_of(obj: Any) -> dict[str, Any]:
+    """A model instance as the group writer's row (``assistant/services/table_rows.py``): every
+    concrete field's value, by its attribute name."""
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
 def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

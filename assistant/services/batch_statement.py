@@ -29,6 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from assistant.models import Conversation, Message, StreamRecord
+from assistant.services.table_rows import Row, insert_columns, insert_values
 
 #: PostgreSQL's limit on a statement's parameters (their count is a 16-bit integer).
 MAX_PARAMS = 65535
@@ -36,43 +37,23 @@ MAX_PARAMS = 65535
 
 @dataclass(slots=True)
 class Tables:
-    """What a batch stores, table by table."""
+    """What a batch stores, table by table (``table_rows``' rows)."""
 
-    conversations: list[Conversation] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    conversations: list[Row] = field(default_factory=list)
+    messages: list[Row] = field(default_factory=list)
     #: Conversations whose ``updated_at`` moves to now.
     touch: set[Any] = field(default_factory=set)
-    records: list[StreamRecord] = field(default_factory=list)
-
-
-def insert_fields(model: type[models.Model], objs: list[Any]) -> list[models.Field]:
-    """The columns ``objs`` are inserted with: every concrete one but a generated column, or an
-    auto primary key none of them has (left to the database: SQLite would take NULL as "next",
-    PostgreSQL refuses it)."""
-    auto = model._meta.auto_field
-    return [
-        f
-        for f in model._meta.concrete_fields
-        if not f.generated and not (f is auto and all(obj.pk is None for obj in objs))
-    ]
-
-
-def insert_values(
-    fields: list[models.Field], objs: Iterable[Any], connection: BaseDatabaseWrapper
-) -> list[list[Any]]:
-    """Each object's values for ``fields``, prepared as ``bulk_create`` prepares them
-    (``pre_save`` fills ``auto_now_add``, ``get_db_prep_save`` adapts to the backend)."""
-    return [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
+    records: list[Row] = field(default_factory=list)
 
 
 def _insert(
-    model: type[models.Model], objs: list[Any], connection: BaseDatabaseWrapper, params: list[Any]
+    model: type[models.Model], objs: list[Row], connection: BaseDatabaseWrapper, params: list[Any]
 ) -> str:
     """``INSERT INTO table (...) VALUES ($n, ...), ...`` for ``objs``; their values are added to
     ``params``."""
-    fields = insert_fields(model, objs)
+    fields = insert_columns(model, objs, connection)
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
+    columns = ", ".join(quote(c.field.column) for c in fields)
     rows = []
     for values in insert_values(fields, objs, connection):
         start = len(params)
@@ -115,14 +96,14 @@ def _touch(ids: set[Any], connection: BaseDatabaseWrapper, params: list[Any]) ->
     return f"UPDATE {touch.table} SET {touch.column} = ${n - 1} WHERE {touch.key} = ANY(${n})"
 
 
-def _param_count(tables: Tables) -> int:
+def _param_count(tables: Tables, connection: BaseDatabaseWrapper) -> int:
     count = 2 if tables.touch else 0
     for model, objs in _inserts(tables):
-        count += len(objs) * len(insert_fields(model, objs))
+        count += len(objs) * len(insert_columns(model, objs, connection))
     return count
 
 
-def _inserts(tables: Tables) -> list[tuple[type[models.Model], list[Any]]]:
+def _inserts(tables: Tables) -> list[tuple[type[models.Model], list[Row]]]:
     # Parents first, though the order of a statement's parts is PostgreSQL's to choose.
     found = [
         (Conversation, tables.conversations),
@@ -140,7 +121,7 @@ def batch_statement(
     in one batch: the caller stores them table by table then)."""
     if not (tables.conversations or tables.messages or tables.touch or tables.records):
         return None
-    if _param_count(tables) > MAX_PARAMS:
+    if _param_count(tables, connection) > MAX_PARAMS:
         return None
     params: list[Any] = []
     parts = [_insert(model, objs, connection, params) for model, objs in _inserts(tables)]

@@ -102,25 +102,25 @@ def question_rows(
     rows = Rows()
     if exchange.is_new_conversation:
         rows.conversations.append(
-            Conversation(
-                id=exchange.conversation_id,
-                owner_key=owner_key,
-                classroom_id=classroom_id,
-                title=" ".join(question.split())[:TITLE_CHARS],
-            )
+            {
+                "id": exchange.conversation_id,
+                "owner_key": owner_key,
+                "classroom_id": classroom_id,
+                "title": " ".join(question.split())[:TITLE_CHARS],
+            }
         )
     if exchange.replaces is not None:
         rows.replaced.append(
             (exchange.conversation_id, exchange.replaces, exchange.user_message_id)
         )
     rows.messages.append(
-        Message(
-            id=exchange.user_message_id,
-            conversation_id=exchange.conversation_id,
-            role=Message.Role.USER,
-            content=question,
-            request_id=exchange.request_id,
-        )
+        {
+            "id": exchange.user_message_id,
+            "conversation_id": exchange.conversation_id,
+            "role": Message.Role.USER,
+            "content": question,
+            "request_id": exchange.request_id,
+        }
     )
     return rows
 
@@ -133,15 +133,15 @@ def answer_rows(
         status = Message.Status.COMPLETE
     else:
         status = Message.Status.PARTIAL if content else Message.Status.FAILED
-    answer = Message(
-        id=exchange.answer_message_id,
-        conversation_id=exchange.conversation_id,
-        role=Message.Role.ASSISTANT,
-        content=content,
-        status=status,
-        finish_reason=finish_reason,
-        request_id=exchange.request_id,
-    )
+    answer = {
+        "id": exchange.answer_message_id,
+        "conversation_id": exchange.conversation_id,
+        "role": Message.Role.ASSISTANT,
+        "content": content,
+        "status": status,
+        "finish_reason": finish_reason,
+        "request_id": exchange.request_id,
+    }
     return Rows(messages=[answer], touch=[exchange.conversation_id])
 
 

@@ -38,10 +38,9 @@ from assistant.services.batch_statement import (
     Tables,
     batch_statement,
     batch_statement_run,
-    insert_fields,
-    insert_values,
     touch_parts,
 )
+from assistant.services.table_rows import Row, insert_columns, insert_values
 from assistant.services.traffic_sums import spans_invalidate
 
 logger = logging.getLogger(__name__)
@@ -49,16 +48,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Rows:
-    """What one caller wants stored, atomically with respect to itself."""
+    """What one caller wants stored, atomically with respect to itself: rows of
+    ``Conversation``, ``Message`` and ``StreamRecord`` (``table_rows``)."""
 
-    conversations: list[Conversation] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    conversations: list[Row] = field(default_factory=list)
+    messages: list[Row] = field(default_factory=list)
     #: Conversations whose ``updated_at`` moves to now (they got a new answer).
     touch: list[uuid.UUID] = field(default_factory=list)
     #: (conversation, question, its replacement): that question and every message after it,
     #: but its replacement, are set aside (``Message.replaced_at``) once the batch is stored.
     replaced: list[tuple[uuid.UUID, uuid.UUID, uuid.UUID]] = field(default_factory=list)
-    records: list[StreamRecord] = field(default_factory=list)
+    records: list[Row] = field(default_factory=list)
     #: The records' request ids were replaced once already (``records_renamed``).
     renamed: bool = False
     #: The conversation these rows belong to, when they are to be left out had it been deleted
@@ -78,25 +78,26 @@ def records_renamed(rows: Rows) -> bool:
         new_id = uuid.uuid4().hex
         logger.warning(
             "Request id %s was used by an earlier stream: this stream's record is stored as %s",
-            record.request_id,
+            record["request_id"],
             new_id,
         )
-        record.request_id = new_id
+        record["request_id"] = new_id
     return True
 
 
-def insert_many(model: type[models.Model], objs: list[models.Model]) -> None:
-    """INSERT ``objs`` with one prepared statement, as ``bulk_create`` would store them (SQLite's
-    writer, and PostgreSQL's for a batch too large for one statement: ``batch_statement``).
+def insert_many(model: type[models.Model], objs: list[Row]) -> None:
+    """INSERT the rows ``objs`` of ``model`` with one prepared statement, as ``bulk_create``
+    would store them (SQLite's writer, and PostgreSQL's for a batch too large for one
+    statement: ``batch_statement``).
 
     ``bulk_create`` compiles its SQL anew on every call, which costs more CPU than SQLite or
-    PostgreSQL spend storing a row. Fields are prepared the same way; no signals are sent, as
-    with ``bulk_create``.
+    PostgreSQL spend storing a row. Values are prepared the same way (``table_rows``); no
+    signals are sent, as with ``bulk_create``.
     """
     connection = connections[router.db_for_write(model)]
-    fields = insert_fields(model, objs)
+    fields = insert_columns(model, objs, connection)
     table = connection.ops.quote_name(model._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    columns = ", ".join(connection.ops.quote_name(c.field.column) for c in fields)
     placeholders = ", ".join(["%s"] * len(fields))
     sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"
     with connection.cursor() as cursor:
@@ -126,17 +127,17 @@ def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID, keep: uuid
     ).exclude(id=keep).update(replaced_at=timezone.now())
 
 
-def classes_gone(conversations: list[Conversation]) -> None:
+def classes_gone(conversations: list[Row]) -> None:
     """New conversations whose class was deleted since the question was asked are stored in no
     class, as the class's others were (``SET_NULL``), rather than refused with what was said.
     One query, only when some conversation has a class."""
-    wanted = {c.classroom_id for c in conversations if c.classroom_id is not None}
+    wanted = {c["classroom_id"] for c in conversations if c.get("classroom_id") is not None}
     if not wanted:
         return
     existing = set(Classroom.objects.filter(id__in=wanted).values_list("id", flat=True))
     for conversation in conversations:
-        if conversation.classroom_id is not None and conversation.classroom_id not in existing:
-            conversation.classroom_id = None
+        if conversation.get("classroom_id") not in existing:
+            conversation["classroom_id"] = None
 
 
 def deleted_key(conversation_id: uuid.UUID) -> str:
@@ -207,7 +208,7 @@ def rows_write(batch: list[Rows]) -> None:
             for conversation_id, first, keep in replaced:
                 messages_replace(conversation_id=conversation_id, first=first, keep=keep)
     if tables.records:
-        spans_invalidate((r.created_at for r in tables.records), now=timezone.now())
+        spans_invalidate((r["created_at"] for r in tables.records), now=timezone.now())
 
 
 def _tables_write(tables: Tables) -> None:
@@ -315,8 +316,8 @@ def _failure(rows: Rows) -> PersistenceFailed:
 
 
 def _describe(rows: Rows) -> str:
-    ids = [str(m.id) for m in rows.messages] + [str(c.id) for c in rows.conversations]
-    ids += [f"record {r.request_id}" for r in rows.records]
+    ids = [str(m["id"]) for m in rows.messages] + [str(c["id"]) for c in rows.conversations]
+    ids += [f"record {r['request_id']}" for r in rows.records]
     return f"rows {', '.join(ids) or '(none)'}"
 
 

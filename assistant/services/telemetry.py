@@ -17,6 +17,7 @@ from typing import Any
 
 from assistant import metrics
 from assistant.models import StreamRecord
+from assistant.services.table_rows import Row
 from assistant.services.timings import StreamTimings
 from assistant.worker import server_name
 
@@ -68,22 +69,23 @@ def _error_code(outcome: Outcome, code: str) -> str:
     return code if outcome in _WITH_REASON else ""
 
 
-def stream_record(summary: AnswerSummary) -> StreamRecord:
+def stream_record(summary: AnswerSummary) -> Row:
+    """An ended answer's ``StreamRecord`` row (``table_rows``)."""
     t = summary.timings
-    return StreamRecord(
-        request_id=summary.request_id,
-        created_at=t.received_at,
-        owner_key=summary.owner_key,
-        classroom_id=summary.classroom_id,
-        path=summary.serving_path,
-        engine=summary.engine,
-        server=server_name(),
-        outcome=summary.outcome,
-        error_code=_error_code(summary.outcome, summary.error_code),
-        conversation_id=summary.conversation_id,
-        message_id=summary.message_id,
+    return {
+        "request_id": summary.request_id,
+        "created_at": t.received_at,
+        "owner_key": summary.owner_key,
+        "classroom_id": summary.classroom_id,
+        "path": summary.serving_path,
+        "engine": summary.engine,
+        "server": server_name(),
+        "outcome": summary.outcome,
+        "error_code": _error_code(summary.outcome, summary.error_code),
+        "conversation_id": summary.conversation_id,
+        "message_id": summary.message_id,
         **_stages(t),
-    )
+    }
 
 
 def refused_record(
@@ -95,21 +97,20 @@ def refused_record(
     engine: str,
     reason: str,
     timings: StreamTimings,
-) -> StreamRecord:
-    """The record of a stream the engine could not take (answered 503)."""
-    ms = timings.as_ms()
-    return StreamRecord(
-        request_id=request_id,
-        created_at=timings.received_at,
-        owner_key=owner_key,
-        classroom_id=classroom_id,
-        path=serving_path,
-        engine=engine,
-        server=server_name(),
-        outcome=Outcome.ENGINE_ERROR,
-        error_code=reason,
-        parse_ms=ms["parsed"],
-    )
+) -> Row:
+    """The ``StreamRecord`` row of a stream the engine could not take (answered 503)."""
+    return {
+        "request_id": request_id,
+        "created_at": timings.received_at,
+        "owner_key": owner_key,
+        "classroom_id": classroom_id,
+        "path": serving_path,
+        "engine": engine,
+        "server": server_name(),
+        "outcome": Outcome.ENGINE_ERROR,
+        "error_code": reason,
+        "parse_ms": timings.as_ms()["parsed"],
+    }
 
 
 def stream_started(*, serving_path: str, engine: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from assistant.models import Conversation, Message
 from assistant.services.persistence import Rows, rows_write
-from tests.support import ChatClient, LiveServer, SSEReader, wait_for
+from tests.support import ChatClient, LiveServer, SSEReader, row_of, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,8 +171,11 @@ def test_an_answer_stored_with_its_replacement_is_set_aside_too() -> None:
     replacement = Message(conversation=conversation, role="user", content="one, again")
     rows_write(
         [
-            Rows(messages=[late_answer]),
-            Rows(messages=[replacement], replaced=[(conversation.id, first.id, replacement.id)]),
+            Rows(messages=[row_of(late_answer)]),
+            Rows(
+                messages=[row_of(replacement)],
+                replaced=[(conversation.id, first.id, replacement.id)],
+            ),
         ]
     )
     shown = Message.objects.filter(conversation=conversation, replaced_at__isnull=True)

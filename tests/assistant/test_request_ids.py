@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import uuid
+from typing import Any
 
 import pytest
 
@@ -80,8 +81,8 @@ def test_an_id_of_a_running_stream_is_refused(daphne: LiveServer, url: str) -> N
 def test_a_record_whose_id_is_taken_is_stored_under_a_new_one(caplog) -> None:
     request_id = f"stored-{uuid.uuid4().hex[:12]}"
 
-    def record() -> StreamRecord:
-        """A stream's record (one with an answer message) under ``request_id``."""
+    def record() -> dict[str, Any]:
+        """A stream's record row (one with an answer message) under ``request_id``."""
         stored = refused_record(
             request_id=request_id,
             owner_key="session:test",
@@ -91,7 +92,7 @@ def test_a_record_whose_id_is_taken_is_stored_under_a_new_one(caplog) -> None:
             reason="engine_failed",
             timings=StreamTimings(received=0.0),
         )
-        stored.message_id = uuid.uuid4()
+        stored["message_id"] = uuid.uuid4()
         return stored
 
     asyncio.run(rows_store(Rows(records=[record()])))
@@ -102,9 +103,9 @@ def test_a_record_whose_id_is_taken_is_stored_under_a_new_one(caplog) -> None:
     lines = [r for r in caplog.records if r.name.startswith("assistant")]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert lines[0].exc_info is None
-    assert request_id in lines[0].getMessage() and second.request_id in lines[0].getMessage()
-    stored = StreamRecord.objects.get(message_id=second.message_id)
-    assert stored.request_id == second.request_id != request_id
+    assert request_id in lines[0].getMessage() and second["request_id"] in lines[0].getMessage()
+    stored = StreamRecord.objects.get(message_id=second["message_id"])
+    assert stored.request_id == second["request_id"] != request_id
 
 
 def test_a_request_refused_before_its_stream_may_be_sent_on_under_its_id(

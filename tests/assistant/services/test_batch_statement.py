@@ -16,6 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services import batch_statement as statements
 from assistant.services.persistence import Rows, rows_write
+from assistant.services.table_rows import insert_columns
+from tests.support import row_of
 
 pytestmark = pytest.mark.django_db
 
@@ -25,18 +27,18 @@ AWKWARD = "列\t表\n第二行\r\\N \\ $1 %s NULL '; DROP TABLE x; -- 🙂 **粗
 POSTGRES = connection.vendor == "postgresql"
 
 
-def record(request_id: str, **fields: Any) -> StreamRecord:
-    return StreamRecord(
-        request_id=request_id,
-        created_at=datetime(2026, 12, 4, 8, 30, 15, 123456, tzinfo=UTC),
-        owner_key="session:abc",
-        path="direct",
-        engine="scripted",
-        server="daphne",
-        outcome=StreamRecord.Outcome.OK,
-        message_id=uuid.uuid4(),
+def record(request_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "request_id": request_id,
+        "created_at": datetime(2026, 12, 4, 8, 30, 15, 123456, tzinfo=UTC),
+        "owner_key": "session:abc",
+        "path": "direct",
+        "engine": "scripted",
+        "server": "daphne",
+        "outcome": StreamRecord.Outcome.OK,
+        "message_id": uuid.uuid4(),
         **fields,
-    )
+    }
 
 
 def exchange(request_id: str, text: str = AWKWARD) -> list[Rows]:
@@ -48,8 +50,8 @@ def exchange(request_id: str, text: str = AWKWARD) -> list[Rows]:
         conversation=conversation, role="assistant", content=text, finish_reason="stop"
     )
     return [
-        Rows(conversations=[conversation], messages=[question]),
-        Rows(messages=[answer], touch=[conversation.id]),
+        Rows(conversations=[row_of(conversation)], messages=[row_of(question)]),
+        Rows(messages=[row_of(answer)], touch=[conversation.id]),
         Rows(records=[record(request_id, conversation_id=conversation.id, tokens=20)]),
     ]
 
@@ -81,7 +83,16 @@ def test_a_batch_comes_back_as_it_was_given(raw_statements: list[str]) -> None:
         assert raw_statements[0].startswith("WITH ")
     else:
         assert not raw_statements and len(written) == 3
-    given = [obj for rows in batch for obj in (*rows.conversations, *rows.messages, *rows.records)]
+    given = [
+        model(**row)
+        for rows in batch
+        for model, table in (
+            (Conversation, rows.conversations),
+            (Message, rows.messages),
+            (StreamRecord, rows.records),
+        )
+        for row in table
+    ]
     for obj in given:
         if isinstance(obj, StreamRecord):  # its id is the database's
             stored = StreamRecord.objects.get(request_id=obj.request_id)
@@ -90,14 +101,14 @@ def test_a_batch_comes_back_as_it_was_given(raw_statements: list[str]) -> None:
             stored = type(obj).objects.get(pk=obj.pk)
             assert model_to_dict(stored) == model_to_dict(obj), type(obj).__name__
     assert Message.objects.filter(content=AWKWARD).count() == 2
-    assert StreamRecord.objects.get(request_id="r-full").created_at == full.created_at
+    assert StreamRecord.objects.get(request_id="r-full").created_at == full["created_at"]
 
 
 def test_a_touch_moves_an_older_conversation_on() -> None:
     old = Conversation.objects.create(owner_key="session:abc", title="old")
     Conversation.objects.filter(pk=old.pk).update(updated_at=datetime(2026, 1, 1, tzinfo=UTC))
     answer = Message(conversation=old, role="assistant", content="a")
-    rows_write([Rows(messages=[answer], touch=[old.id])])
+    rows_write([Rows(messages=[row_of(answer)], touch=[old.id])])
     old.refresh_from_db()
     assert old.updated_at.year == datetime.now(UTC).year and old.updated_at.month > 1
 
@@ -137,13 +148,15 @@ def test_a_batch_too_large_for_one_statement_goes_table_by_table(
 def test_the_statement_numbers_its_parameters_in_order() -> None:
     conversation = Conversation(owner_key="o", title="t")
     tables = statements.Tables(
-        messages=[Message(conversation=conversation, role="user", content=f"m{i}") for i in (1, 2)],
+        messages=[
+            row_of(Message(conversation=conversation, role="user", content=f"m{i}")) for i in (1, 2)
+        ],
         touch={conversation.id},
     )
     made = statements.batch_statement(tables, connection)
     assert made is not None
     sql, params = made
-    fields = len(statements.insert_fields(Message, tables.messages))
+    fields = len(insert_columns(Message, tables.messages, connection))
     assert "VALUES ($1, " in sql and f"${fields}), (${fields + 1}, " in sql  # two rows
     assert f"= ${2 * fields + 1} " in sql and sql.endswith(f"= ANY(${2 * fields + 2})")
     assert len(params) == 2 * fields + 2 and len(params[-1]) == 1
@@ -156,5 +169,5 @@ def test_a_message_of_a_missing_conversation_is_refused_with_its_batch() -> None
     transaction ends, refuses the batch (the writer then stores the rest one by one)."""
     orphan = Message(conversation_id=uuid.uuid4(), role="assistant", content="a")
     with pytest.raises(IntegrityError):
-        rows_write([*exchange("r-with-orphan"), Rows(messages=[orphan])])
+        rows_write([*exchange("r-with-orphan"), Rows(messages=[row_of(orphan)])])
     assert not Message.objects.exists() and not StreamRecord.objects.exists()

@@ -17,6 +17,7 @@ from assistant.models import Conversation, Message
 from assistant.services import conversations
 from assistant.services.conversations import DELETED_KEEP_S
 from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
+from tests.support import row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +38,7 @@ def mark(marks: list[uuid.UUID], conversation_id: uuid.UUID) -> None:
 
 def answer(conversation: Conversation, text: str) -> Rows:
     rows = Rows(
-        messages=[Message(conversation=conversation, role="assistant", content=text)],
+        messages=[row_of(Message(conversation=conversation, role="assistant", content=text))],
         touch=[conversation.id],
     )
     rows.unless_deleted = conversation.id

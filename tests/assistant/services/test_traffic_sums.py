@@ -30,6 +30,7 @@ from assistant.services.ttft_bins import (
     fine_bin,
     fine_bounds,
 )
+from tests.support import row_of
 
 BASE, CAND = "direct", "django"
 DAY = 86400
@@ -40,6 +41,11 @@ def record(path: str, *, at: datetime, **fields: Any) -> StreamRecord:
     return StreamRecord(
         request_id=uuid4().hex, created_at=at, owner_key="session:test", path=path, **values
     )
+
+
+def record_row(path: str, *, at: datetime, **fields: Any) -> dict[str, Any]:
+    """``record`` as the group writer's row."""
+    return row_of(record(path, at=at, **fields))
 
 
 def summed_over(moment: datetime) -> bool:
@@ -248,7 +254,7 @@ def test_a_late_beacon_and_a_late_record_are_counted_again() -> None:
     assert second["client_ttft_ms"]["p50"] == pytest.approx(60.0, rel=0.02)
 
     # A stream that began an hour ago and is stored only now (a long one).
-    rows_write([Rows(records=[record(BASE, at=an_hour_ago, server_ttft_ms=90.0)])])
+    rows_write([Rows(records=[record_row(BASE, at=an_hour_ago, server_ttft_ms=90.0)])])
     third = snapshot(now=now)["paths"][BASE]
     assert third["requests"] == 2
     assert third["server_ttft_ms"]["count"] == 2
@@ -260,10 +266,10 @@ def test_only_a_record_stored_late_touches_the_summed_minutes() -> None:
     minute settled costs one."""
     connection = connections["default"]
     with CaptureQueriesContext(connection) as in_time:
-        rows_write([Rows(records=[record(BASE, at=timezone.now(), server_ttft_ms=5.0)])])
+        rows_write([Rows(records=[record_row(BASE, at=timezone.now(), server_ttft_ms=5.0)])])
     an_hour_ago = timezone.now() - timedelta(hours=1)
     with CaptureQueriesContext(connection) as late:
-        rows_write([Rows(records=[record(BASE, at=an_hour_ago, server_ttft_ms=5.0)])])
+        rows_write([Rows(records=[record_row(BASE, at=an_hour_ago, server_ttft_ms=5.0)])])
     touching = [q["sql"] for q in late.captured_queries if "trafficsum" in q["sql"].lower()]
     assert len(touching) == 1 and touching[0].upper().startswith("DELETE")
     assert not [q for q in in_time.captured_queries if "trafficsum" in q["sql"].lower()]

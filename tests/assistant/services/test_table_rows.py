@@ -1,0 +1,155 @@
+"""The group writer's rows (``table_rows``) are prepared for the database as Django prepares the
+same rows as model instances (``pre_save``, then ``get_db_prep_save``), on the backend the
+suite runs on: the same values, of the same types, column for column."""
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.db import connection, models
+from django.utils import timezone
+
+from assistant.models import Conversation, Message, StreamRecord
+from assistant.services.conversations import Exchange, answer_rows, question_rows
+from assistant.services.table_rows import Column, Row, insert_columns, insert_values
+from assistant.services.telemetry import AnswerSummary, refused_record, stream_record
+from assistant.services.timings import StreamTimings
+
+Outcome = StreamRecord.Outcome
+
+
+def exchange(*, new: bool) -> Exchange:
+    return Exchange(
+        conversation_id=uuid.uuid4(),
+        user_message_id=uuid.uuid4(),
+        answer_message_id=uuid.uuid4(),
+        is_new_conversation=new,
+        request_id=uuid.uuid4().hex,
+    )
+
+
+def timings(tokens: int) -> StreamTimings:
+    made = StreamTimings(received=1.0, parsed=1.001, engine_submitted=1.002)
+    if tokens:
+        made.engine_first_delta = 1.05
+    for token in range(tokens):
+        made.token_sent(1.051 + token * 0.01)
+    made.finished = 1.3
+    return made
+
+
+def summary(outcome: Outcome, tokens: int, code: str = "") -> AnswerSummary:
+    asked = exchange(new=True)
+    return AnswerSummary(
+        request_id=asked.request_id,
+        owner_key="session:abc",
+        classroom_id=uuid.uuid4(),
+        serving_path="direct",
+        engine="scripted",
+        outcome=outcome,
+        error_code=code,
+        conversation_id=asked.conversation_id,
+        message_id=asked.answer_message_id,
+        timings=timings(tokens),
+    )
+
+
+def built_rows() -> list[tuple[type[models.Model], Row]]:
+    """One of each row the answer path builds."""
+    asked = exchange(new=True)
+    question = question_rows(
+        owner_key="session:abc", classroom_id=uuid.uuid4(), exchange=asked, question="光合作用?"
+    )
+    partial = answer_rows(
+        exchange=asked, content="Light", outcome=Outcome.CLIENT_ABORT, finish_reason="aborted"
+    )
+    complete = answer_rows(
+        exchange=exchange(new=False), content="Done.", outcome=Outcome.OK, finish_reason="stop"
+    )
+    refused = refused_record(
+        request_id="r-refused",
+        owner_key="session:abc",
+        classroom_id=None,
+        serving_path="django",
+        engine="scripted",
+        reason="engine_busy",
+        timings=timings(0),
+    )
+    return [
+        (Conversation, question.conversations[0]),
+        (Message, question.messages[0]),
+        (Message, partial.messages[0]),
+        (Message, complete.messages[0]),
+        (StreamRecord, stream_record(summary(Outcome.OK, 20))),
+        (StreamRecord, stream_record(summary(Outcome.ENGINE_ERROR, 3, "engine_failed"))),
+        (StreamRecord, refused),
+    ]
+
+
+def written_at(column: Column, value: Any) -> datetime:
+    """A prepared ``auto_now`` value as a naive UTC time (SQLite's is text, naive UTC)."""
+    moment = column.field.to_python(value)
+    return moment.astimezone(UTC).replace(tzinfo=None) if timezone.is_aware(moment) else moment
+
+
+def djangos(model: type[models.Model], row: Row, fields: list[models.Field]) -> list[Any]:
+    """The row's values as ``bulk_create`` prepares a model instance of it."""
+    obj = model(**row)
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_a_built_row_is_prepared_as_django_prepares_its_instance(index: int) -> None:
+    model, row = built_rows()[index]
+    columns = insert_columns(model, [row], connection)
+    fields = [c.field for c in columns]
+    before = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    (ours,) = insert_values(columns, [row], connection)
+    theirs = djangos(model, row, fields)
+    assert [f.attname for f in fields] == [
+        f.attname
+        for f in model._meta.concrete_fields
+        if f is not model._meta.auto_field or row.get(f.attname) is not None
+    ]
+    for column, mine, django in zip(columns, ours, theirs, strict=True):
+        if column.now:  # the time it is written, prepared alike
+            assert type(mine) is type(django), column.name
+            assert written_at(column, mine) >= before, column.name
+        else:
+            assert (type(mine), mine) == (type(django), django), column.name
+
+
+def test_a_field_left_out_gets_its_default_made_for_each_row() -> None:
+    conversation_id = uuid.uuid4()
+    rows: list[Row] = [
+        {"conversation_id": conversation_id, "role": "user", "content": "a"},
+        {"conversation_id": conversation_id, "role": "user", "content": "b"},
+    ]
+    columns = insert_columns(Message, rows, connection)
+    names = [c.name for c in columns]
+    first, second = insert_values(columns, rows, connection)
+    at = names.index("id")
+    assert first[at] != second[at]  # uuid4, called per row
+    assert (
+        first[names.index("status")]
+        == djangos(Message, rows[0], [c.field for c in columns])[names.index("status")]
+    )
+    assert first[names.index("replaced_at")] is None
+
+
+def test_an_auto_now_field_is_the_time_written_whatever_the_row_says() -> None:
+    stale = datetime(2020, 1, 1, tzinfo=UTC)
+    row: Row = {"id": uuid.uuid4(), "owner_key": "o", "title": "t", "created_at": stale}
+    columns = insert_columns(Conversation, [row], connection)
+    (values,) = insert_values(columns, [row], connection)
+    for column, value in zip(columns, values, strict=True):
+        if column.now:
+            assert written_at(column, value).year >= 2026
+
+
+def test_an_auto_primary_key_is_left_to_the_database_unless_a_row_gives_one() -> None:
+    record = stream_record(summary(Outcome.OK, 1))
+    assert "id" not in [c.name for c in insert_columns(StreamRecord, [record], connection)]
+    given = {**record, "id": 7}
+    assert "id" in [c.name for c in insert_columns(StreamRecord, [record, given], connection)]
