@@ -19,6 +19,7 @@ same statement as its new conversation: Django's foreign keys on PostgreSQL are 
 transaction ends (``DEFERRABLE INITIALLY DEFERRED``).
 """
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,8 +59,15 @@ def _insert(
     for values in insert_values(fields, objs, connection):
         start = len(params)
         params.extend(values)
-        rows.append("(" + ", ".join(f"${start + i}" for i in range(1, len(values) + 1)) + ")")
+        rows.append(_placeholders(start, len(values)))
     return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join(rows)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _placeholders(start: int, count: int) -> str:
+    """``($start+1, ..., $start+count)``: one row's. A batch's rows start where the rows before
+    them end, so the same few come back batch after batch."""
+    return "(" + ", ".join(f"${i}" for i in range(start + 1, start + count + 1)) + ")"
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,7 +111,7 @@ async def test_a_fault_after_tokens_ends_with_server_error_and_stores_what_was_s
     ids=["after-a-whole-answer", "after-an-engine-failure"],
 )
 async def test_a_slot_store_failing_at_the_end_keeps_the_first_failure(
-    harness: Harness, release_fails: list[str], extra: str, said: int, outcome: str, code: str
+    harness: Harness, release_fails: list[str], extra: str, said: int, outcome: Outcome, code: str
 ) -> None:
     """The slot could not be given back at the end: the stream ends with ``server_error``
     (instead of ``done``, or of the engine's error), the release is tried once, and what the
