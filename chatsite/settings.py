@@ -437,6 +437,11 @@ CHATSITE_STREAM = {
     # Seconds to keep retrying a write while the database is unreachable (answers are kept in
     # memory meanwhile); after that the loss is logged and counted.
     "PERSIST_RETRY_S": float(env_str("CHATSITE_PERSIST_RETRY_S", "120")),
+    # With at least PERSIST_BATCH_FROM answers running in a worker, its writer stores what was
+    # said at most once every PERSIST_BATCH_MS milliseconds (0: as soon as it can), so that many
+    # answers share each transaction; with fewer, at once.
+    "PERSIST_BATCH_MS": float(env_str("CHATSITE_PERSIST_BATCH_MS", "50")),
+    "PERSIST_BATCH_FROM": env_int("CHATSITE_PERSIST_BATCH_FROM", 16),
     # Bytes of a stream the client may leave unread (in the server's and the kernel's buffers)
     # before the stream is ended as too slow: a reader that stalls cannot pin memory.
     "MAX_UNSENT_BYTES": env_int("CHATSITE_MAX_UNSENT_BYTES", 256 * 1024),

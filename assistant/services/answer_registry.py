@@ -60,6 +60,11 @@ def answers_running() -> list[LiveAnswer]:
     return list(_running.values())
 
 
+def answers_running_count() -> int:
+    """How many answers are running in this process."""
+    return len(_running)
+
+
 def answer_running(request_id: str) -> bool:
     """Whether an answer runs under ``request_id`` in this process, anybody's."""
     return request_id in _running

@@ -8,10 +8,17 @@ into the next one, as one transaction: on PostgreSQL one statement and one round
 (``batch_statement``), on SQLite one INSERT per table. Alone, a row is written at once; under
 load, batches grow and the cost per row falls. Submission order is write order, so a question
 is always stored before its answer.
+
+A batch costs the writer far more than a row in it (``benchmarks/answer_end.py``), and a batch
+taken the moment the previous one is stored holds only what arrived meanwhile. So with many
+answers running (``PERSIST_BATCH_FROM``), the writer takes a batch at most once every
+``PERSIST_BATCH_MS``: what was said is stored that much later, never more, and many answers share
+each transaction. With fewer running, or the first time after a pause, rows are written at once.
 """
 
 import asyncio
 import logging
+import math
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -34,6 +41,7 @@ from assistant import metrics
 from assistant.db import run_db, run_db_write
 from assistant.models import Classroom, Conversation, Message, StreamRecord
 from assistant.services.admission import cache_in_process
+from assistant.services.answer_registry import answers_running_count
 from assistant.services.batch_statement import (
     Tables,
     batch_statement,
@@ -230,6 +238,8 @@ class GroupWriter:
         self._queue: list[tuple[Rows, asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: When the last batch was taken (the loop's clock): the next waits for ``_pause``.
+        self._taken_at = -math.inf
 
     async def write(self, rows: Rows) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -240,11 +250,16 @@ class GroupWriter:
         await asyncio.shield(done)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
+            pause = _pause(self._taken_at, loop.time())
+            if pause > 0:
+                await asyncio.sleep(pause)  # more answers' rows join this batch meanwhile
             self._wakeup.clear()
             batch, self._queue = self._queue, []
             if batch:
+                self._taken_at = loop.time()
                 await self._flush(batch)
 
     async def _flush(self, batch: list[tuple[Rows, asyncio.Future[None]]]) -> None:
@@ -284,6 +299,17 @@ class GroupWriter:
         for _, done in batch:
             if not done.done():
                 done.set_result(None)
+
+
+def _pause(taken_at: float, now: float) -> float:
+    """Seconds the writer waits before taking its next batch, the last taken at ``taken_at``:
+    the rest of ``PERSIST_BATCH_MS`` since then with at least ``PERSIST_BATCH_FROM`` answers
+    running in this process, else none."""
+    config = settings.CHATSITE_STREAM
+    every_s = config["PERSIST_BATCH_MS"] / 1000
+    if every_s <= 0 or answers_running_count() < config["PERSIST_BATCH_FROM"]:
+        return 0.0
+    return max(0.0, taken_at + every_s - now)
 
 
 async def _write_retrying(batch: list[Rows]) -> None:

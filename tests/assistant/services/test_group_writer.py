@@ -1,0 +1,156 @@
+"""The group writer's batches (``persistence.GroupWriter``): with few answers running, each row
+is written the moment it is handed over; with ``PERSIST_BATCH_FROM`` or more running, a batch is
+taken at most once every ``PERSIST_BATCH_MS``, so the rows handed over meanwhile share it. Every
+row is stored either way, in the order given. Real database writes; the batches are read from
+the writer's own calls to ``rows_write``."""
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from pytest_django.fixtures import Settings
+
+from assistant.db import run_db
+from assistant.models import Conversation
+from assistant.services import persistence
+from assistant.services.answer_registry import answer_ended, answer_register
+from assistant.services.persistence import Rows, rows_store
+from tests.support import row_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Long enough that rows handed over one after another fall in one interval on any machine.
+EVERY_MS = 400
+
+
+@dataclass
+class Running:
+    """An answer as the registry counts it (the writer reads only how many run)."""
+
+    request_id: str
+    owner_key: str = "owner"
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Each batch the writer stores, as its conversations' titles, in the order stored."""
+    stored: list[list[str]] = []
+    write = persistence.rows_write
+
+    def counted(batch: list[Rows]) -> None:
+        stored.append([c["title"] for rows in batch for c in rows.conversations])
+        write(batch)
+
+    monkeypatch.setattr(persistence, "rows_write", counted)
+    return stored
+
+
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Each wait the writer decided on before taking a batch, in seconds."""
+    decided: list[float] = []
+    pause = persistence._pause
+
+    def counted(taken_at: float, now: float) -> float:
+        decided.append(pause(taken_at, now))
+        return decided[-1]
+
+    monkeypatch.setattr(persistence, "_pause", counted)
+    return decided
+
+
+@pytest.fixture
+def batching(settings: Settings) -> None:
+    settings.CHATSITE_STREAM = {
+        **settings.CHATSITE_STREAM,
+        "PERSIST_BATCH_MS": EVERY_MS,
+        "PERSIST_BATCH_FROM": 3,
+    }
+
+
+def running(count: int) -> Iterator[None]:
+    answers = [Running(request_id=uuid.uuid4().hex) for _ in range(count)]
+    for answer in answers:
+        answer_register(answer, resumable=False)  # type: ignore[arg-type]
+    yield
+    for answer in answers:
+        answer_ended(answer)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def busy() -> Iterator[None]:
+    """As many answers running as batching starts at."""
+    yield from running(3)
+
+
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """One answer fewer."""
+    yield from running(2)
+
+
+def conversation(title: str) -> Rows:
+    return Rows(conversations=[row_of(Conversation(owner_key="owner", title=title))])
+
+
+async def hand_over_apart(titles: list[str]) -> None:
+    """Each title's rows handed over a loop turn after the previous (not in one step), all
+    awaited together."""
+    stores = []
+    for title in titles:
+        stores.append(asyncio.ensure_future(rows_store(conversation(title))))
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*stores)
+
+
+async def stored_titles() -> list[str]:
+    titles = Conversation.objects.order_by("title").values_list("title", flat=True)
+    return await run_db(lambda: list(titles))
+
+
+@pytest.mark.usefixtures("batching", "quiet")
+async def test_with_few_answers_running_each_row_is_written_at_once(
+    batches: list[list[str]], pauses: list[float]
+) -> None:
+    for title in ["a", "b", "c"]:
+        await rows_store(conversation(title))
+    assert pauses == [0, 0, 0]
+    assert batches == [["a"], ["b"], ["c"]]
+    assert await stored_titles() == ["a", "b", "c"]
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_with_many_answers_running_rows_wait_to_share_a_batch(
+    batches: list[list[str]], pauses: list[float]
+) -> None:
+    """The first row after a pause is written at once; those handed over within the interval
+    after it wait for the next batch, together, in the order given."""
+    await rows_store(conversation("first"))
+    await hand_over_apart(["b", "c", "d"])
+    assert pauses[0] == 0
+    assert 0 < pauses[1] <= EVERY_MS / 1000
+    assert batches == [["first"], ["b", "c", "d"]]
+    assert await stored_titles() == ["b", "c", "d", "first"]
+
+
+@pytest.mark.usefixtures("busy")
+async def test_no_interval_writes_at_once_however_many_answers_run(
+    batches: list[list[str]], pauses: list[float], settings: Settings
+) -> None:
+    settings.CHATSITE_STREAM = {
+        **settings.CHATSITE_STREAM,
+        "PERSIST_BATCH_MS": 0,
+        "PERSIST_BATCH_FROM": 3,
+    }
+    for title in ["a", "b"]:
+        await rows_store(conversation(title))
+    assert pauses == [0, 0]
+    assert batches == [["a"], ["b"]]
+
+
+def test_the_wait_is_what_is_left_of_the_interval(batching: None, busy: None) -> None:
+    assert persistence._pause(10.0, 10.1) == pytest.approx(EVERY_MS / 1000 - 0.1)
+    assert persistence._pause(10.0, 10.0 + EVERY_MS / 1000) == 0.0
+    assert persistence._pause(-float("inf"), 10.0) == 0.0
