@@ -11,16 +11,22 @@ default, as ``Model.__init__`` would give it, and an ``auto_now``/``auto_now_add
 time it is written, as ``pre_save`` would. Each value is then prepared as ``get_db_prep_save``
 prepares it, except where that returns the value unchanged: strings, floats and booleans on
 every backend, and UUIDs and aware datetimes where the backend takes them as they are
-(PostgreSQL). ``tests/assistant/services/test_table_rows.py`` holds the rows each builder makes
-against Django's own preparation of the same rows as model instances, on the backend it runs
-on.
+(PostgreSQL). On SQLite a UUID is bound as its hex, an aware datetime as its naive text in
+the connection's time zone, and an int or None as it is, as Django's preparation ends up binding
+them, without the calls it takes to get there (five for a datetime).
+``tests/assistant/services/test_table_rows.py`` holds the rows each builder makes against
+Django's own preparation of the same rows as model instances, on the backend it runs on, and
+SQLite's bindings against Django's on a SQLite connection.
 """
 
 import functools
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
@@ -35,6 +41,9 @@ _AS_IS = frozenset({"CharField", "TextField", "FloatField", "BooleanField"})
 #: ... and on a backend with native UUIDs and time zones (PostgreSQL).
 _AS_IS_NATIVE = _AS_IS | {"UUIDField", "DateTimeField"}
 
+#: A value's preparation for a connection; None in a ``Column``: the value as it is.
+type Prepare = Callable[[Any, BaseDatabaseWrapper], Any]
+
 
 @dataclass(frozen=True, slots=True)
 class Column:
@@ -45,38 +54,102 @@ class Column:
     name: str
     #: ``auto_now`` or ``auto_now_add``: the time the row is written, whatever the row says.
     now: bool
-    #: The backend takes the row's value unchanged (no ``get_db_prep_save``).
-    as_is: bool
+    #: What the value goes through (None: the backend takes it unchanged).
+    prepare: Prepare | None
     #: A callable default, called for each row that leaves the field out; else ``default``.
     default_call: Callable[[], Any] | None
     default: Any
 
 
-def _column(field: models.Field, native: bool) -> Column:
+def _sqlite_uuid(prepare: Prepare) -> Prepare:
+    """A UUID as SQLite's columns hold it (its hex), None as NULL; anything else as Django
+    prepares it."""
+
+    def hexed(value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if type(value) is uuid.UUID:
+            return value.hex
+        return None if value is None else prepare(value, connection)
+
+    return hexed
+
+
+def _sqlite_datetime(prepare: Prepare) -> Prepare:
+    """An aware datetime as SQLite's columns hold it (naive, in the connection's time zone, as
+    text), None as NULL; anything else (a naive one, which Django warns of) as Django prepares
+    it."""
+
+    def naive(value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if type(value) is datetime and value.utcoffset() is not None and settings.USE_TZ:
+            return str(value.astimezone(connection.timezone).replace(tzinfo=None))
+        return None if value is None else prepare(value, connection)
+
+    return naive
+
+
+def _sqlite_integer(prepare: Prepare) -> Prepare:
+    """An int (not a bool) or None as it is; anything else as Django prepares it."""
+
+    def whole(value: Any, connection: BaseDatabaseWrapper) -> Any:
+        return value if type(value) is int or value is None else prepare(value, connection)
+
+    return whole
+
+
+#: How SQLite's values are bound without Django's preparation, by field type.
+_SQLITE: dict[str, Callable[[Prepare], Prepare]] = {
+    "UUIDField": _sqlite_uuid,
+    "DateTimeField": _sqlite_datetime,
+    **dict.fromkeys(
+        [
+            "IntegerField",
+            "BigIntegerField",
+            "SmallIntegerField",
+            "PositiveIntegerField",
+            "PositiveBigIntegerField",
+            "PositiveSmallIntegerField",
+        ],
+        _sqlite_integer,
+    ),
+}
+
+
+def _prepare(field: models.Field, kind: str, backend: str) -> Prepare | None:
+    if kind in (_AS_IS_NATIVE if backend == "native" else _AS_IS):
+        return None
+    if backend == "sqlite" and kind in _SQLITE:
+        return _SQLITE[kind](field.get_db_prep_save)
+    return field.get_db_prep_save
+
+
+def _column(field: models.Field, backend: str) -> Column:
     kind = (field.target_field if field.is_relation else field).get_internal_type()
     call = field.default if field.has_default() and callable(field.default) else None
     return Column(
         field=field,
         name=field.attname,
         now=bool(getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)),
-        as_is=kind in (_AS_IS_NATIVE if native else _AS_IS),
+        prepare=_prepare(field, kind, backend),
         default_call=call,
         default=None if call is not None else field.get_default(),
     )
 
 
 @functools.cache
-def _columns(model: type[models.Model], native: bool, with_auto: bool) -> tuple[Column, ...]:
+def _columns(model: type[models.Model], backend: str, with_auto: bool) -> tuple[Column, ...]:
     auto = model._meta.auto_field
     return tuple(
-        _column(f, native)
+        _column(f, backend)
         for f in model._meta.concrete_fields
         if not f.generated and (with_auto or f is not auto)
     )
 
 
-def _native(connection: BaseDatabaseWrapper) -> bool:
-    return connection.vendor == "postgresql" and bool(connection.features.has_native_uuid_field)
+def _backend(connection: BaseDatabaseWrapper) -> str:
+    """``native`` (PostgreSQL: UUIDs and aware datetimes as they are), ``sqlite``, or
+    ``other`` (every value through Django's preparation)."""
+    if connection.vendor == "postgresql" and connection.features.has_native_uuid_field:
+        return "native"
+    return "sqlite" if connection.vendor == "sqlite" else "other"
 
 
 def insert_columns(
@@ -87,7 +160,7 @@ def insert_columns(
     would take NULL as "next", PostgreSQL refuses it)."""
     auto = model._meta.auto_field
     with_auto = auto is not None and any(row.get(auto.attname) is not None for row in rows)
-    return _columns(model, _native(connection), with_auto)
+    return _columns(model, _backend(connection), with_auto)
 
 
 def insert_values(
@@ -107,8 +180,7 @@ def insert_values(
                 value = column.default_call()
             else:
                 value = column.default
-            values.append(
-                value if column.as_is else column.field.get_db_prep_save(value, connection)
-            )
+            prepare = column.prepare
+            values.append(value if prepare is None else prepare(value, connection))
         prepared.append(values)
     return prepared

@@ -5,9 +5,12 @@ suite runs on: the same values, of the same types, column for column."""
 import uuid
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import connection, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from django.utils import timezone
 
 from assistant.models import Conversation, Message, StreamRecord
@@ -153,3 +156,59 @@ def test_an_auto_primary_key_is_left_to_the_database_unless_a_row_gives_one() ->
     assert "id" not in [c.name for c in insert_columns(StreamRecord, [record], connection)]
     given = {**record, "id": 7}
     assert "id" in [c.name for c in insert_columns(StreamRecord, [record, given], connection)]
+
+
+@pytest.fixture
+def sqlite() -> BaseDatabaseWrapper:
+    """A SQLite connection's preparation, whichever backend the suite runs on (preparing a value
+    opens nothing)."""
+    return SQLiteWrapper({**connection.settings_dict, "NAME": ":memory:"}, alias="sqlite-check")
+
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(2026, 12, 5, 8, 15, 2, 47000, tzinfo=UTC),
+        datetime(2026, 12, 5, 16, 15, 2, tzinfo=SHANGHAI),
+        datetime(2026, 12, 5, 16, 15, 2, 999999, tzinfo=timezone.get_fixed_timezone(-150)),
+        None,
+    ],
+    ids=["utc", "shanghai", "offset", "none"],
+)
+def test_a_datetime_is_bound_on_sqlite_as_django_binds_it(
+    sqlite: BaseDatabaseWrapper, value: datetime | None
+) -> None:
+    field = StreamRecord._meta.get_field("created_at")
+    (column,) = [c for c in insert_columns(StreamRecord, [], sqlite) if c.field is field]
+    assert column.prepare is not None
+    ours, theirs = column.prepare(value, sqlite), field.get_db_prep_save(value, sqlite)
+    assert (type(ours), ours) == (type(theirs), theirs)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [uuid.UUID("12345678-1234-5678-1234-567812345678"), "12345678123456781234567812345678", None],
+    ids=["uuid", "hex", "none"],
+)
+@pytest.mark.parametrize("name", ["id", "conversation_id"])
+def test_a_uuid_is_bound_on_sqlite_as_django_binds_it(
+    sqlite: BaseDatabaseWrapper, name: str, value: uuid.UUID | str | None
+) -> None:
+    (column,) = [c for c in insert_columns(Message, [], sqlite) if c.name == name]
+    assert column.prepare is not None
+    ours, theirs = column.prepare(value, sqlite), column.field.get_db_prep_save(value, sqlite)
+    assert (type(ours), ours) == (type(theirs), theirs)
+
+
+@pytest.mark.parametrize("value", [0, 7, 2**40, None, "7", True], ids=repr)
+@pytest.mark.parametrize("name", ["tokens", "client_tokens"])
+def test_an_integer_is_bound_on_sqlite_as_django_binds_it(
+    sqlite: BaseDatabaseWrapper, name: str, value: int | str | None
+) -> None:
+    (column,) = [c for c in insert_columns(StreamRecord, [], sqlite) if c.name == name]
+    assert column.prepare is not None
+    ours, theirs = column.prepare(value, sqlite), column.field.get_db_prep_save(value, sqlite)
+    assert (type(ours), ours) == (type(theirs), theirs)
