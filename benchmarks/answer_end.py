@@ -4,8 +4,9 @@ Two pieces of every answer's end, each beside the way it was done before:
 
 * **The group writer** (``persistence.rows_write``): batches of ``--batch`` exchanges, each a
   new conversation, its question, its answer, the conversation's touch and the stream record,
-  as the answer path submits them (three ``Rows`` per exchange). Under a class's load the
-  writer's batches are one or two answers; they grow with the load. The writing thread's CPU
+  as the answer path submits them (three ``Rows`` per exchange). With few answers running
+  the writer's batches are one or two answers; with many, a batch holds every answer that ended
+  in ``CHATSITE_PERSIST_BATCH_MS`` (``persistence._pause``). The writing thread's CPU
   per exchange, on PostgreSQL (a database made for the run, dropped after) and on SQLite:
   ``one statement`` is the writer as it is (``batch_statement``: the batch in one round trip),
   ``insert per table`` the writer before it (Django's ``executemany`` INSERT per table, an

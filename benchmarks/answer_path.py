@@ -19,8 +19,9 @@ not counted, only what this process spends talking to them. The default, ``local
 and this process's memory.
 
 Each round also says what the group writer spent of it: its batches (rows submitted while one
-is written go into the next, so a faster write makes smaller batches) and the CPU of the thread
-writing them, per answer.
+is written go into the next, and with ``CHATSITE_PERSIST_BATCH_FROM`` answers running a batch is
+taken at most once every ``CHATSITE_PERSIST_BATCH_MS``) and the CPU of the thread writing them,
+per answer.
 
 ``--without-hiredis`` hides hiredis from redis-py (its own Python parser and command packer
 then serve), to measure what the C one saves on the production stores.
