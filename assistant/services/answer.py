@@ -258,7 +258,7 @@ class Answer:
                 self._drop_live()
 
     async def _generate(self) -> bytes:
-        """Deliver ``: open``, ``meta`` and each token the moment the engine makes it; returns
+        """Deliver ``: open`` with ``meta``, then each token the moment the engine makes it; returns
         the answer's last frame (``done`` or ``error``; empty when it has none).
 
         One loop for every token, with the engine's wait in it, and nothing between the
@@ -269,12 +269,13 @@ class Answer:
         frames, source, timings, deliver = self.frames, self.source, self.timings, self._deliver
         config = settings.CHATSITE_STREAM
         first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
-        await deliver(None, frames.open())
         try:
             meta = self._meta()
         except Exception:
+            await deliver(None, frames.open())
             return self._crashed(record=True)
-        await deliver(None, meta)
+        # ``: open`` and ``meta`` as one frame: one write to the socket, not two.
+        await deliver(None, frames.open() + meta)
         ending: EngineError | Ended | None = None
         while True:
             try:

@@ -50,7 +50,9 @@ def test_event_sequence_is_open_meta_tokens_done(
     """`: open` comes first, then meta, one numbered token per delta, and done with timings."""
     response = chat_client.raw({"message": "[scripted tokens=5]", "conversation": None}, path=url)
     chunks = [data for _, data in response.chunks()]
-    assert chunks[0] == b": open\n\n"
+    # `: open` and meta in one chunk (one write), ahead of the first token.
+    assert chunks[0].startswith(b": open\n\nevent: meta\n")
+    assert chunks[0].count(b"\n\n") == 2
     body = b"".join(chunks)
     events = SSEParser().feed(body)
     assert [e.event for e in events] == ["meta", *["token"] * 5, "done"], events

@@ -43,17 +43,19 @@ class Frame:
 
 
 def read(frames: list[bytes]) -> list[Frame]:
-    """Each raw frame as the one comment or event it must be, parsed on its own."""
+    """Each raw frame as the comments and events it holds, each whole and parsed on its own
+    (``: open`` and ``meta`` are sent as one)."""
     read_frames = []
     for raw in frames:
-        if raw.startswith(b":"):
-            assert raw.endswith(b"\n\n"), raw
-            read_frames.append(Frame(":", raw.decode("utf-8").strip().removeprefix(":").strip()))
-            continue
-        events = SSEParser().feed(raw)
-        assert len(events) == 1, raw
-        event = events[0]
-        read_frames.append(Frame(event.event, json.loads(event.data), event.id))
+        assert raw.endswith(b"\n\n"), raw
+        for piece in raw.removesuffix(b"\n\n").split(b"\n\n"):
+            if piece.startswith(b":"):
+                read_frames.append(Frame(":", piece.decode("utf-8").removeprefix(":").strip()))
+                continue
+            events = SSEParser().feed(piece + b"\n\n")
+            assert len(events) == 1, raw
+            event = events[0]
+            read_frames.append(Frame(event.event, json.loads(event.data), event.id))
     return read_frames
 
 

@@ -139,7 +139,7 @@ async def test_a_send_that_fails_ends_the_run_with_its_error_and_stores_the_answ
     for the transport to see; nothing is recorded as the server's fault, and the question and
     the engine's words so far are stored."""
     answer = await harness.start(question("send", tokens=5))
-    live = FailingSend(at=5)  # : open, meta, tokens 1 and 2, then token 3 fails
+    live = FailingSend(at=4)  # : open with meta, tokens 1 and 2, then token 3 fails
     task = harness.run(answer, live)
     with pytest.raises(ConnectionResetError):
         await harness.ended(task)
