@@ -11,8 +11,10 @@ workers start); prometheus_client then keeps each process's values in files ther
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from assistant.internals import histogram_values
 
@@ -121,6 +123,21 @@ STREAMS_GIVEN_UP = Counter(
     "any more) or fair_share (its address held more than its share of the engine).",
     ["reason"],
 )
+
+
+#: Each metric's labelled children looked up so far, by metric and label values.
+_children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+
+
+def child[M: MetricWrapperBase](metric: M, *values: str) -> M:
+    """``metric.labels(*values)``, looked up once per process and kept: ``labels()`` checks its
+    arguments and takes the metric's lock on every call, and an answer makes eight. The label
+    values are bounded (see the module docstring), so what is kept is too."""
+    key = (metric, values)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*values)
+    return found
 
 
 def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:

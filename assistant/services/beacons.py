@@ -182,7 +182,7 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
         record.client_reported_at = timezone.now()
         record.save(update_fields=list(_RECORD_FIELDS))
         spans_invalidate([record.created_at], now=record.client_reported_at)
-    metrics.TTFT.labels(record.path, record.engine, "client").observe(beacon.client_ttft)
+    metrics.child(metrics.TTFT, record.path, record.engine, "client").observe(beacon.client_ttft)
     return record
 
 

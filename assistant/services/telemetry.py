@@ -114,7 +114,7 @@ def refused_record(
 
 
 def stream_started(*, serving_path: str, engine: str) -> None:
-    metrics.STREAMS_ACTIVE.labels(serving_path, engine).inc()
+    metrics.child(metrics.STREAMS_ACTIVE, serving_path, engine).inc()
 
 
 def stream_observe(summary: AnswerSummary) -> None:
@@ -125,18 +125,19 @@ def stream_observe(summary: AnswerSummary) -> None:
         summary.engine,
         summary.outcome,
     )
-    metrics.STREAMS_ACTIVE.labels(path, engine).dec()
-    metrics.STREAMS.labels(path, engine, outcome.value).inc()
+    child = metrics.child
+    child(metrics.STREAMS_ACTIVE, path, engine).dec()
+    child(metrics.STREAMS, path, engine, outcome.value).inc()
     if outcome in SERVER_FAULTS:
-        metrics.CONNECTION_ERRORS.labels(path, summary.error_code or outcome.value).inc()
+        child(metrics.CONNECTION_ERRORS, path, summary.error_code or outcome.value).inc()
     if t.first_token_sent:
-        metrics.TTFT.labels(path, engine, "server").observe(t.first_token_sent - t.received)
+        child(metrics.TTFT, path, engine, "server").observe(t.first_token_sent - t.received)
     if t.engine_first_delta and t.engine_submitted:
-        metrics.ENGINE_TTFT.labels(path, engine).observe(t.engine_first_delta - t.engine_submitted)
-    metrics.observe_all(metrics.INTER_TOKEN.labels(path, engine), t.gaps)
+        child(metrics.ENGINE_TTFT, path, engine).observe(t.engine_first_delta - t.engine_submitted)
+    metrics.observe_all(child(metrics.INTER_TOKEN, path, engine), t.gaps)
     if t.tokens:
-        metrics.TOKENS.labels(path, engine).inc(t.tokens)
-    metrics.STREAM_DURATION.labels(path, engine, outcome.value).observe(t.finished - t.received)
+        child(metrics.TOKENS, path, engine).inc(t.tokens)
+    child(metrics.STREAM_DURATION, path, engine, outcome.value).observe(t.finished - t.received)
     stream_log(
         request_id=summary.request_id,
         serving_path=path,
@@ -154,8 +155,8 @@ def stream_refused(
 ) -> None:
     """A stream that could not start (503): an error to the student, so counted as one, and
     logged like an ended answer (its asker is not known yet: no class, no owner kind)."""
-    metrics.STREAMS.labels(serving_path, engine, Outcome.ENGINE_ERROR.value).inc()
-    metrics.CONNECTION_ERRORS.labels(serving_path, reason).inc()
+    metrics.child(metrics.STREAMS, serving_path, engine, Outcome.ENGINE_ERROR.value).inc()
+    metrics.child(metrics.CONNECTION_ERRORS, serving_path, reason).inc()
     stream_log(
         request_id=request_id,
         serving_path=serving_path,

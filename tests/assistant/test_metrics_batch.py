@@ -1,5 +1,6 @@
 """``metrics.observe_all``: an answer's gaps between tokens observed as one update give the
-exposition that observing them one by one gives, in one process and in multiprocess mode."""
+exposition that observing them one by one gives, in one process and in multiprocess mode; and
+``metrics.child``, the labelled children an answer's metrics are looked up in once."""
 
 import json
 import os
@@ -84,6 +85,27 @@ def test_an_answers_gaps_reach_the_inter_token_histogram() -> None:
         )
     )
     assert samples_count(child) == count + 3
+
+
+def test_a_child_is_looked_up_once_and_is_the_metrics_own() -> None:
+    parent = histogram()
+    first = metrics.child(parent, "p")
+    assert first is parent.labels("p")  # what labels() gives: observations reach the metric
+    calls = []
+    parent.labels = lambda *values: calls.append(values)  # type: ignore[method-assign]
+    assert metrics.child(parent, "p") is first  # kept: labels() is not asked again
+    assert calls == []
+    metrics.child(parent, "q")  # other values: looked up
+    assert calls == [("q",)]
+    first.observe(0.02)
+    assert exposition(parent)[("gaps_seconds_count", "")] == 1
+
+
+def test_the_children_of_two_metrics_are_kept_apart() -> None:
+    one, other = histogram(), histogram()
+    assert metrics.child(one, "p") is one.labels("p")
+    assert metrics.child(other, "p") is other.labels("p")
+    assert metrics.child(one, "p") is not metrics.child(other, "p")
 
 
 def samples_count(child: Histogram) -> float:
