@@ -52,6 +52,8 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.stream_headers: list[tuple[bytes, bytes]] | None = None
         #: The client is gone: nothing more is sent.
         self.disconnected = False
+        #: The response's body has ended (with the answer's last frame).
+        self.body_ended = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.timings.received = received_at(scope)
@@ -122,7 +124,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         """Tell the client the server failed: an error response, or the stream's last frame."""
         if not self.response_started:
             await self.send_error(errors.SERVER_FAILED)
-        elif not self.disconnected:
+        elif not self.disconnected and not self.body_ended:
             await self.send_body(SITE_FRAMES.server_error(), more_body=False)
 
     async def answer_or_refuse(self, body: bytes) -> None:
@@ -150,15 +152,30 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         self.response_started = True
         self.answer = answer
         self.stream_headers = [*http.sse_headers(request_id), *http.security_headers(scope)]
-        await answer.run(live=self.send_frame, connection=scope_connection(scope))
-        if not self.disconnected:
+        await self.stream(answer)
+
+    async def stream(self, answer: Answer) -> None:
+        """Run ``answer`` with this response as its live listener, to the end of the body: the
+        last frame ends it, in the same write (an answer without one ends it empty)."""
+        await answer.run(
+            live=self.send_frame, end=self.send_last, connection=scope_connection(self.scope)
+        )
+        if not self.disconnected and not self.body_ended:
             await self.send_body(b"", more_body=False)
 
-    async def send_frame(self, frame: bytes) -> None:
+    async def send_frame(self, frame: bytes, *, more_body: bool = True) -> None:
         """The answer's live listener: the status and headers go with its first frame. Each
         frame goes straight to the server's ``send``: Channels' ``send_body`` and ``send``
         would add two coroutines to every token and nothing else."""
         if self.stream_headers is not None:
             headers, self.stream_headers = self.stream_headers, None
             await self.send_headers(status=200, headers=headers)
-        await self.base_send({"type": "http.response.body", "body": frame, "more_body": True})
+        await self.base_send({"type": "http.response.body", "body": frame, "more_body": more_body})
+
+    async def send_last(self, frame: bytes) -> None:
+        """The answer's last frame, which ends the body (one write for both); nothing once the
+        client is gone."""
+        if self.disconnected:
+            return
+        self.body_ended = True
+        await self.send_frame(frame, more_body=False)

@@ -31,7 +31,7 @@ from assistant.services.openai_request import completion_request_parse
 from assistant.services.openai_wire import OpenAIFrames, error_body, models_body
 from assistant.services.serving_state import API_PATH
 from assistant.services.timings import RECEIVED_KEY, now
-from assistant.transport import CONNECTION_KEY, client_connection, scope_connection
+from assistant.transport import CONNECTION_KEY, client_connection
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Outcome = StreamRecord.Outcome
@@ -99,7 +99,7 @@ class ChatCompletionsConsumer(ChatStreamConsumer):
         await send_api_error(self.send, self.scope, error, extra, param=param)
 
     async def crashed(self) -> None:
-        if self.disconnected:
+        if self.disconnected or self.body_ended:
             return
         if not self.headers_sent:
             await self.send_error(errors.SERVER_FAILED)
@@ -128,9 +128,7 @@ class ChatCompletionsConsumer(ChatStreamConsumer):
         self.answer = answer
         if request.stream:
             self.stream_headers = [*http.sse_headers(request_id), *http.security_headers(scope)]
-            await answer.run(live=self.send_frame, connection=scope_connection(scope))
-            if not self.disconnected:
-                await self.send_body(b"", more_body=False)
+            await self.stream(answer)
             return
         await answer.run(live=_discard)
         if self.disconnected:
@@ -150,9 +148,9 @@ class ChatCompletionsConsumer(ChatStreamConsumer):
         headers = http.json_headers([(b"x-request-id", request_id.encode("ascii"))])
         await http.send_json(self.send, scope, 200, body, headers)
 
-    async def send_frame(self, frame: bytes) -> None:
+    async def send_frame(self, frame: bytes, *, more_body: bool = True) -> None:
         self.headers_sent = True
-        await super().send_frame(frame)
+        await super().send_frame(frame, more_body=more_body)
 
 
 def _preflight(scope: Any) -> tuple[errors.ApiError, http.Headers] | None:

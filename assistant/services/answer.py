@@ -5,9 +5,10 @@ engine's stream, the frames, the buffer a resume reads (``AnswerBuffer``), the p
 for a client that stopped reading, the outcome, the student's stream slot and seat, what is
 stored and what is measured. Transports use four calls and never write its state:
 
-* ``run(live=send)``: generate the answer to its end in the caller's task, each frame sent to
-  ``live`` the moment it exists (no task switch or queue between the engine and the socket).
-  The ``direct`` path does this: its consumer owns its task.
+* ``run(live=send, end=send_last)``: generate the answer to its end in the caller's task, each
+  frame sent to ``live`` the moment it exists (no task switch or queue between the engine and
+  the socket), the last one once the answer is closed, to ``end``, which ends the response with
+  it. The ``direct`` path does this: its consumer owns its task.
 * ``listen(last_id)``: the answer's frames from its buffer, as an async iterator: a resume, and
   the ``django`` path's response (Django cancels a response's iteration on a disconnect, so there
   the answer runs in a task of its own: ``run_apart()``).
@@ -63,6 +64,8 @@ class _Live:
     """The listener that hears frames as they are produced: the response that asked."""
 
     send: Send
+    #: Sends the last frame and ends the response with it, in one write (None: ``send``).
+    end: Send | None
     heartbeat: Heartbeat
     beating: asyncio.Task[None]
 
@@ -140,11 +143,20 @@ class Answer:
     # --- what transports call -------------------------------------------------------------
 
     async def run(
-        self, *, live: Send | None = None, connection: ClientConnection | None = None
+        self,
+        *,
+        live: Send | None = None,
+        end: Send | None = None,
+        connection: ClientConnection | None = None,
     ) -> None:
         """Generate the answer to its end in this task. ``live`` (the response that asked)
         gets each frame as it is produced until ``detach()``; ``connection`` is its socket, for
-        the slow-reader check. Cancelling this ends the answer (it is still stored)."""
+        the slow-reader check. Cancelling this ends the answer (it is still stored).
+
+        The last frame (``done`` or ``error``) goes out once the answer is closed: the engine
+        stopped, what was said on its way to the database, the metrics counted and the log
+        line written, so a client that has it finds them. ``end``, when given, sends it in
+        place of ``live`` and ends the response with it, in one write."""
         self._task = task = asyncio.current_task()
         if task is not None:
             background.adopt(task)  # stopped and stored first when the process shuts down
@@ -152,14 +164,17 @@ class Answer:
             self.buffer.attach()
             heartbeat = Heartbeat(live, ping_interval())
             beating = asyncio.create_task(heartbeat.run())
-            self._live = _Live(live, heartbeat, beating)
+            self._live = _Live(live, end, heartbeat, beating)
             self._reader = _watch(connection)
+        last = b""
         try:
-            await self._deliver(None, await self._generate())
+            last = await self._generate()
         finally:
             try:
                 await self._close()
+                await self._deliver_last(last)
             finally:
+                self._live = None
                 self._finish()
 
     def run_apart(self, *, connection: ClientConnection | None = None) -> None:
@@ -256,6 +271,17 @@ class Answer:
             reader.produced(len(frame))
             if token_id is not None and self._fell_behind(reader):
                 self._drop_live()
+
+    async def _deliver_last(self, frame: bytes) -> None:
+        """The last frame, kept, and sent to the live listener if it is still there, with the
+        end of its response when it has an ``end``."""
+        if not frame:
+            return
+        self.buffer.keep(None, frame)
+        live = self._live
+        if live is not None:
+            await (live.end or live.send)(frame)
+            self.buffer.sent()
 
     async def _generate(self) -> bytes:
         """Deliver ``: open`` with ``meta``, then each token the moment the engine makes it; returns
@@ -405,7 +431,8 @@ class Answer:
         if self._closed:
             return
         self._closed = True
-        live, self._live, self._reader = self._live, None, None
+        # The live listener stays for the last frame (``_deliver_last``); its pings stop now.
+        live, self._reader = self._live, None
         if live is not None:
             live.beating.cancel()
         try:

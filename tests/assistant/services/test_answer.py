@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pytest_django.fixtures import Settings
 
 from assistant import errors
@@ -72,6 +73,36 @@ async def test_run_sends_every_frame_to_the_live_listener_in_order(harness: Harn
     assert (record.path, record.engine, record.tokens) == ("direct", "scripted", 5)
     assert str(record.message_id) == meta["message"]
     assert record.owner_key == harness.owner_key
+
+
+async def test_the_last_frame_ends_the_response_once_the_answer_is_closed(
+    harness: Harness,
+) -> None:
+    """With ``end``, the last frame (``done``) goes to it instead of ``live``, once the answer is
+    closed: its metrics counted and its engine's seat given back. A client that has ``done``
+    can count on both."""
+    answer = await harness.start(question("end", tokens=3))
+    labels = {"path": "direct", "engine": answer.engine.name, "outcome": "ok"}
+    before = REGISTRY.get_sample_value("ai_streams_total", labels) or 0
+    live, ended = Live(), Live()
+    at_end: list[tuple[float | None, bool]] = []
+
+    async def end(frame: bytes) -> None:
+        at_end.append((REGISTRY.get_sample_value("ai_streams_total", labels), answer.finished))
+        await ended(frame)
+
+    task = asyncio.create_task(answer.run(live=live, end=end))
+    harness.tasks.append(task)
+    await harness.ended(task)
+
+    assert [frame.kind for frame in live.read] == [":", "meta", "token", "token", "token"]
+    (done,) = ended.read
+    assert_done(done, tokens=3)
+    assert at_end == [(before + 1, False)]  # counted; the buffer's listeners not yet told
+    assert answer.finished
+    found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)
+    assert found is answer
+    assert (await collect(found.listen(0)))[-1] == ended.frames[0]  # kept for a resume too
 
 
 async def test_listen_after_the_end_replays_only_the_tokens_after_last_id(
