@@ -85,10 +85,11 @@ async def test_the_last_frame_ends_the_response_once_the_answer_is_closed(
     labels = {"path": "direct", "engine": answer.engine.name, "outcome": "ok"}
     before = REGISTRY.get_sample_value("ai_streams_total", labels) or 0
     live, ended = Live(), Live()
-    at_end: list[tuple[float | None, bool]] = []
+    at_end: list[tuple[float | None, bool, bool]] = []
 
     async def end(frame: bytes) -> None:
-        at_end.append((REGISTRY.get_sample_value("ai_streams_total", labels), answer.finished))
+        counted = REGISTRY.get_sample_value("ai_streams_total", labels)
+        at_end.append((counted, answer.seat.seating is None, answer.finished))
         await ended(frame)
 
     task = asyncio.create_task(answer.run(live=live, end=end))
@@ -98,7 +99,8 @@ async def test_the_last_frame_ends_the_response_once_the_answer_is_closed(
     assert [frame.kind for frame in live.read] == [":", "meta", "token", "token", "token"]
     (done,) = ended.read
     assert_done(done, tokens=3)
-    assert at_end == [(before + 1, False)]  # counted; the buffer's listeners not yet told
+    # Counted and its seat given back; the buffer's listeners not told yet.
+    assert at_end == [(before + 1, True, False)]
     assert answer.finished
     found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)
     assert found is answer
