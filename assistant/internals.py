@@ -180,8 +180,7 @@ def consumer_handler(consumer: Any, message: Mapping[str, Any]) -> Callable[...,
     (``http.request`` → ``http_request``), or None: for a ``dispatch`` that skips the
     ``aclose_old_connections()`` hop the stock one makes before every handler.
 
-    Relies on ``channels.consumer.get_handler_name``, and on ``AsyncConsumer.__call__`` passing
-    every message through ``self.dispatch``.
+    Relies on ``channels.consumer.get_handler_name``.
     """
     return getattr(consumer, get_handler_name(message), None)
 

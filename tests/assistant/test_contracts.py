@@ -14,7 +14,8 @@ one of them, its test fails by name, before a stream misbehaves in production.
 - Twisted: ``on_sigterm`` (its SIGTERM handler, replaced once the reactor runs), in a real
   process; ``listener_close`` (``tcp.Port``'s accept loop, over a real listening socket).
 - Django: ``CsrfCheck`` (``CsrfViewMiddleware._reject``).
-- Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``).
+- Channels: ``consumer_handler`` (``get_handler_name`` and ``AsyncConsumer.dispatch``), and
+  what ``ChatStreamConsumer.__call__`` does in place of ``AsyncConsumer.__call__``.
 - uvicorn, a real ``Server`` on loopback with each of its HTTP parsers: ``uvicorn_socket`` (the
   connection behind ``send``). And what ``chatsite/uvicorn_server.py`` overrides: the server's
   signal handler, its start-up, its wait for open requests, the httptools parser's callbacks
@@ -25,6 +26,7 @@ import asyncio
 import inspect
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -52,6 +54,7 @@ from twisted.internet.testing import MemoryReactor
 from twisted.python.failure import Failure
 
 from assistant import errors, internals
+from assistant.consumers import ChatStreamConsumer
 from assistant.http import csrf_error
 from tests.support import StubReactor
 
@@ -513,10 +516,22 @@ def test_consumer_handler_is_the_method_channels_dispatch_would_call() -> None:
 
     assert internals.consumer_handler(consumer, {"type": "http.request"}) == consumer.http_request
     assert internals.consumer_handler(consumer, {"type": "http.unknown"}) is None
-    assert "self.dispatch" in inspect.getsource(AsyncConsumer.__call__)
     dispatch = inspect.getsource(AsyncConsumer.dispatch)
     assert "get_handler_name(message)" in dispatch
     assert "aclose_old_connections()" in dispatch
+
+
+def test_a_consumer_call_sets_what_the_streaming_consumer_sets() -> None:
+    """``ChatStreamConsumer.__call__`` stands in for Channels' ``AsyncConsumer.__call__`` (its
+    own loop, no channel layer): it sets what the stock one sets but the channel layer's, and
+    Channels' HTTP consumer sends through ``self.send`` to ``self.base_send``."""
+    stock = set(re.findall(r"self\.(\w+) =", inspect.getsource(AsyncConsumer.__call__)))
+    ours = set(re.findall(r"self\.(\w+)", inspect.getsource(ChatStreamConsumer.__call__)))
+
+    assert stock - {"channel_layer", "channel_name", "channel_receive"} == {"scope", "base_send"}
+    assert {"scope", "base_send"} <= ours
+    assert "self.base_send(" in inspect.getsource(AsyncConsumer.send)
+    assert "self.send(" in inspect.getsource(AsyncHttpConsumer.send_headers)
 
 
 # --- uvicorn: a real server on loopback ------------------------------------------------------
