@@ -23,7 +23,7 @@ from assistant.services.persistence import (
     Rows,
     deleted_key,
     deleted_look,
-    rows_store,
+    rows_submit,
 )
 from assistant.services.ratelimit import rate_limit_hit
 from assistant.services.telemetry import AnswerSummary, stream_record
@@ -161,7 +161,7 @@ async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
     record = Rows(records=[stream_record(summary)])
     rows.unless_deleted = summary.conversation_id  # looked for if the writer is refused
     stored, recorded = await asyncio.gather(
-        rows_store(rows), rows_store(record), return_exceptions=True
+        rows_submit(rows), rows_submit(record), return_exceptions=True
     )
     if rows.dropped or (
         isinstance(stored, PersistenceFailed)

@@ -232,7 +232,8 @@ def _tables_write(tables: Tables) -> None:
 
 
 class GroupWriter:
-    """One event loop's writer. ``await writer.write(rows)`` returns once ``rows`` are stored."""
+    """One event loop's writer. ``await writer.write(rows)`` returns once ``rows`` are stored;
+    ``writer.submit(rows)`` hands them over and returns the future that says so."""
 
     def __init__(self) -> None:
         self._queue: list[tuple[Rows, asyncio.Future[None]]] = []
@@ -241,13 +242,18 @@ class GroupWriter:
         #: When the last batch was taken (the loop's clock): the next waits for ``_pause``.
         self._taken_at = -math.inf
 
-    async def write(self, rows: Rows) -> None:
+    def submit(self, rows: Rows) -> asyncio.Future[None]:
+        """Queue ``rows`` for the next batch: the future is done once they are stored, or has
+        their failure. Cancelling it stores them all the same."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((rows, done))
         self._wakeup.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
-        await asyncio.shield(done)
+        return done
+
+    async def write(self, rows: Rows) -> None:
+        await asyncio.shield(self.submit(rows))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -352,10 +358,16 @@ _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupWriter] = (
 )
 
 
-async def rows_store(rows: Rows) -> None:
-    """Store ``rows`` through the running loop's group writer."""
+def rows_submit(rows: Rows) -> asyncio.Future[None]:
+    """Hand ``rows`` to the running loop's group writer (``GroupWriter.submit``): awaiting
+    several such futures at once takes no task for each, as ``rows_store`` coroutines would."""
     loop = asyncio.get_running_loop()
     writer = _writers.get(loop)
     if writer is None:
         writer = _writers[loop] = GroupWriter()
-    await writer.write(rows)
+    return writer.submit(rows)
+
+
+async def rows_store(rows: Rows) -> None:
+    """Store ``rows`` through the running loop's group writer."""
+    await asyncio.shield(rows_submit(rows))

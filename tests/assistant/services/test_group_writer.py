@@ -16,7 +16,7 @@ from assistant.db import run_db
 from assistant.models import Conversation
 from assistant.services import persistence
 from assistant.services.answer_registry import answer_ended, answer_register
-from assistant.services.persistence import Rows, rows_store
+from assistant.services.persistence import Rows, rows_store, rows_submit
 from tests.support import row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,6 +148,19 @@ async def test_no_interval_writes_at_once_however_many_answers_run(
         await rows_store(conversation(title))
     assert pauses == [0, 0]
     assert batches == [["a"], ["b"]]
+
+
+@pytest.mark.usefixtures("batching", "quiet")
+async def test_rows_submitted_together_share_a_batch_and_a_cancelled_future_still_stores(
+    batches: list[list[str]],
+) -> None:
+    """``rows_submit`` hands rows over at once, in order, without a task of their own; what
+    cancelling the caller cancels is its wait, not the writing."""
+    first, second = rows_submit(conversation("a")), rows_submit(conversation("b"))
+    second.cancel()
+    await first
+    assert batches == [["a", "b"]]
+    assert await stored_titles() == ["a", "b"]
 
 
 def test_the_wait_is_what_is_left_of_the_interval(batching: None, busy: None) -> None:
