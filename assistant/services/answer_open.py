@@ -31,6 +31,7 @@ from assistant.engines import (
     get_engine,
 )
 from assistant.errors import Rejected
+from assistant.ids import random_uuid
 from assistant.services import background
 from assistant.services.admission import SlotTry, chat_release, chat_slot_wait
 from assistant.services.answer import Answer
@@ -314,9 +315,9 @@ async def _answer_open(
         raise
     stream_started(serving_path=serving_path, engine=engine.name)
     exchange = Exchange(
-        conversation_id=asking.conversation_id or uuid.uuid4(),
-        user_message_id=uuid.uuid4(),
-        answer_message_id=uuid.uuid4(),
+        conversation_id=asking.conversation_id or random_uuid(),
+        user_message_id=random_uuid(),
+        answer_message_id=random_uuid(),
         is_new_conversation=asking.conversation_id is None,
         request_id=request_id,
         replaces=asking.replaces,
