@@ -232,8 +232,8 @@ def _tables_write(tables: Tables) -> None:
 
 
 class GroupWriter:
-    """One event loop's writer. ``await writer.write(rows)`` returns once ``rows`` are stored;
-    ``writer.submit(rows)`` hands them over and returns the future that says so."""
+    """One event loop's writer: ``writer.submit(rows)`` hands ``rows`` over and returns the
+    future that is done once they are stored."""
 
     def __init__(self) -> None:
         self._queue: list[tuple[Rows, asyncio.Future[None]]] = []
@@ -251,9 +251,6 @@ class GroupWriter:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
         return done
-
-    async def write(self, rows: Rows) -> None:
-        await asyncio.shield(self.submit(rows))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
