@@ -68,6 +68,49 @@ def buffered_bytes(transport: Any) -> int:
     return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
 
 
+def writes_at_turn_end(reactor: Any) -> None:
+    """Have every server connection of ``reactor`` (Twisted's asyncio reactor) send what it was
+    given at the end of the event loop's turn, not after a round of ``epoll``.
+
+    Twisted's ``FileDescriptor.write`` buffers the bytes and calls ``startWriting``, which
+    registers the socket with the loop (``add_writer``, an ``epoll_ctl``); the loop's next round
+    finds it writable, ``doWrite`` sends the buffer, and ``stopWriting`` takes the socket off
+    again (a second ``epoll_ctl``). For a stream that is two system calls and one more round of
+    the loop per frame. Here ``startWriting`` schedules the ``doWrite`` with ``call_soon``
+    instead: what the turn's writes buffered still goes out in one ``send``, and only a socket
+    whose kernel buffer is full waits for the loop to find it writable, as before.
+
+    Relies on Twisted's asyncio reactor's ``_asyncioEventloop``, ``_writers`` (the sockets
+    registered for writing) and ``_readOrWrite(selectable, False)`` (``doWrite``, and the
+    connection dropped on what it returns, as a writable socket's callback does); on
+    ``tcp.Server`` (an accepted connection) taking ``startWriting`` from ``FileDescriptor``; and
+    on ``FileDescriptor``'s ``disconnected`` and write buffers (``buffered_bytes``).
+    """
+    from twisted.internet import abstract, tcp
+
+    loop = reactor._asyncioEventloop
+    registered = reactor._writers
+    write_when_writable = abstract.FileDescriptor.startWriting
+    write_now = reactor._readOrWrite
+
+    def flush(connection: Any) -> None:
+        connection.chatsite_flush_due = False
+        if connection.disconnected or connection in registered:
+            return
+        write_now(connection, False)
+        if not connection.disconnected and buffered_bytes(connection):
+            write_when_writable(connection)  # the kernel took part: the rest when it can
+
+    def start_writing(connection: Any) -> None:
+        if connection.chatsite_flush_due or connection in registered:
+            return
+        connection.chatsite_flush_due = True
+        loop.call_soon(flush, connection)
+
+    tcp.Server.chatsite_flush_due = False
+    tcp.Server.startWriting = start_writing
+
+
 # --- Daphne: the connection behind the application's ``send`` ----------------------------
 
 

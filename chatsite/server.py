@@ -1,7 +1,12 @@
 """Daphne as chatsite runs it: ``python -m chatsite.server`` takes Daphne's own arguments.
 
-Four additions. **uvloop** under Twisted's asyncio reactor (``CHATSITE_EVENT_LOOP``,
+Five additions. **uvloop** under Twisted's asyncio reactor (``CHATSITE_EVENT_LOOP``,
 chatsite/event_loop.py), installed before Daphne makes its event loop.
+
+**Writes at the end of the loop's turn**: what a connection was given during a turn of the event
+loop is sent as that turn ends, in one ``send`` as before, not after the loop has registered the
+socket for writing, polled it and taken it off again (two ``epoll_ctl`` calls and a round of the
+loop per frame; ``internals.writes_at_turn_end``).
 
 **A graceful drain**: on SIGTERM (``systemctl stop`` or ``restart``) the worker
 stops accepting connections (those already waiting in its backlog are accepted first), so nginx
@@ -172,6 +177,7 @@ class ChatsiteServer(internals.daphne_server_class(refuse_late_requests)):  # ty
         from twisted.internet import reactor
 
         internals.on_sigterm(reactor, Drain(self).begin)
+        internals.writes_at_turn_end(reactor)
         reactor.callWhenRunning(_event_loop_log)
         super().run()
 

@@ -3,7 +3,8 @@ against the installed releases of Daphne, Twisted, Django and Channels. When an 
 one of them, its test fails by name, before a stream misbehaves in production.
 
 - The installed releases lie within ``internals.SUPPORTED``, the same bounds as pyproject.toml.
-- Twisted: ``buffered_bytes`` (a transport's private write buffers), ``installed_reactor``.
+- Twisted: ``buffered_bytes`` (a transport's private write buffers), ``installed_reactor``;
+  ``writes_at_turn_end`` (its asyncio reactor's writers), in a real process over loopback.
 - Linux: ``kernel_unsent`` (``TIOCOUTQ``).
 - Daphne, on a real ``Server``/``HTTPFactory``/``WebRequest`` over a loopback TCP connection:
   ``daphne_socket`` (the connection behind ``send``), ``requests_arriving``,
@@ -25,6 +26,7 @@ one of them, its test fails by name, before a stream misbehaves in production.
 import asyncio
 import inspect
 import io
+import json
 import os
 import re
 import socket
@@ -124,6 +126,109 @@ def test_buffered_bytes_follows_twisteds_write_buffers() -> None:
     for _ in range(7):
         transport.doWrite()
     assert internals.buffered_bytes(transport) == 0
+
+
+#: A Twisted TCP server on its asyncio reactor over uvloop, as ``chatsite.server`` runs Daphne:
+#: each connection is sent five pieces in one turn (four writes), then, once the client sends a
+#: byte, ``BIG`` bytes and the end of the connection. It prints what the reactor was asked
+#: during each of the two: to register the socket for writing (``addWriter``, called by every
+#: ``startWriting``), and to ``send``.
+_WRITES_SERVER = """
+import asyncio, json, sys
+import uvloop
+asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+from twisted.internet import asyncioreactor
+asyncioreactor.install(asyncio.new_event_loop())
+from twisted.internet import protocol, reactor, tcp
+from assistant import internals
+
+BIG = 1 << 20
+counts = {"registered": 0, "sends": 0}
+phases = {}
+register, send = reactor.addWriter, tcp.Server.writeSomeData
+
+def counted_register(writer):
+    counts["registered"] += 1
+    register(writer)
+
+def counted_send(self, data):
+    counts["sends"] += 1
+    return send(self, data)
+
+reactor.addWriter = counted_register
+tcp.Server.writeSomeData = counted_send
+if sys.argv[1] == "turn-end":
+    internals.writes_at_turn_end(reactor)
+
+class Pieces(protocol.Protocol):
+    def connectionMade(self):
+        for piece in (b"one ", b"two ", b"three\\n"):
+            self.transport.write(piece)
+        self.transport.writeSequence([b"four ", b"five\\n"])
+
+    def dataReceived(self, data):
+        phases["small"], counts["registered"], counts["sends"] = dict(counts), 0, 0
+        self.transport.write(b"x" * BIG)
+        self.transport.loseConnection()
+
+    def connectionLost(self, reason):
+        phases["big"] = dict(counts)
+        print(json.dumps(phases), flush=True)
+        reactor.stop()
+
+port = reactor.listenTCP(0, protocol.Factory.forProtocol(Pieces), interface="127.0.0.1")
+print(port.getHost().port, flush=True)
+reactor.run()
+"""
+
+
+def _writes_counted(mode: str) -> dict[str, dict[str, int]]:
+    """Run ``_WRITES_SERVER`` (``mode``: ``twisted`` as it is, ``turn-end`` with
+    ``writes_at_turn_end``), read all it sends, and return what it counted."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", _WRITES_SERVER, mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            received = b""
+            while len(received) < len(b"one two three\nfour five\n"):
+                received += client.recv(4096)
+            assert received == b"one two three\nfour five\n"
+            client.sendall(b"!")
+            big = bytearray()
+            while chunk := client.recv(1 << 16):
+                big += chunk
+        assert big == b"x" * (1 << 20)  # all of it, then the end of the connection
+        out, err = server.communicate(timeout=30)
+        assert server.returncode == 0, err
+        return json.loads(out)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_twisted_registers_the_socket_for_every_write_a_turn_makes() -> None:
+    """As Twisted writes: the pieces of one turn go out in one ``send``, once the socket was
+    registered with the loop for writing (what ``writes_at_turn_end`` saves)."""
+    counted = _writes_counted("twisted")
+    assert counted["small"]["registered"] >= 1
+    assert counted["small"]["sends"] == 1
+
+
+def test_writes_at_turn_end_sends_a_turns_writes_without_registering_the_socket() -> None:
+    """With ``writes_at_turn_end``: the pieces of one turn still go out in one ``send``, with
+    no socket registered; a write larger than one ``send`` takes waits for the loop to find
+    the socket writable, and arrives whole, then the connection ends."""
+    counted = _writes_counted("turn-end")
+    assert counted["small"] == {"registered": 0, "sends": 1}
+    assert counted["big"]["registered"] >= 1
+    assert counted["big"]["sends"] >= (1 << 20) // tcp.Server.SEND_LIMIT
 
 
 # --- Linux: the kernel's send queue --------------------------------------------------------
