@@ -194,11 +194,14 @@ def _writes_counted(mode: str) -> dict[str, dict[str, int]]:
     )
     try:
         assert server.stdout is not None
-        port = int(server.stdout.readline())
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        line = server.stdout.readline()
+        assert line.strip().isdigit(), server.communicate(timeout=30)[1]
+        with socket.create_connection(("127.0.0.1", int(line)), timeout=30) as client:
             received = b""
             while len(received) < len(b"one two three\nfour five\n"):
-                received += client.recv(4096)
+                chunk = client.recv(4096)
+                assert chunk, f"the connection ended after {received!r}"
+                received += chunk
             assert received == b"one two three\nfour five\n"
             client.sendall(b"!")
             big = bytearray()
