@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from assistant.engines.scripted import default_tokens
-from assistant.services import answer as answer_module
+from assistant.services import answer_close
 from assistant.services.frames import Frames
 from tests.assistant.services.answer_support import (
     OPEN,
@@ -68,7 +68,7 @@ def release_fails(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         asked.append(request_id)
         raise ConnectionError("the slot store went away")
 
-    monkeypatch.setattr(answer_module, "chat_slot_release", failing)
+    monkeypatch.setattr(answer_close, "chat_slot_release", failing)
     return asked
 
 
