@@ -12,7 +12,7 @@ the owner key: a log is read by more people than the database, and kept longer.
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from assistant import metrics
@@ -46,6 +46,11 @@ class AnswerSummary:
     conversation_id: uuid.UUID
     message_id: uuid.UUID
     timings: StreamTimings
+    #: ``timings``' stages as the record and the log line name them, worked out once for both.
+    stages: dict[str, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", _stages(self.timings))
 
 
 def _stages(t: StreamTimings) -> dict[str, Any]:
@@ -84,7 +89,7 @@ def stream_record(summary: AnswerSummary) -> Row:
         "error_code": _error_code(summary.outcome, summary.error_code),
         "conversation_id": summary.conversation_id,
         "message_id": summary.message_id,
-        **_stages(t),
+        **summary.stages,
     }
 
 
@@ -146,7 +151,7 @@ def stream_observe(summary: AnswerSummary) -> None:
         owner_key=summary.owner_key,
         outcome=outcome,
         error_code=_error_code(outcome, summary.error_code),
-        timings=t,
+        stages=summary.stages,
     )
 
 
@@ -165,7 +170,7 @@ def stream_refused(
         owner_key="",
         outcome=Outcome.ENGINE_ERROR,
         error_code=reason,
-        timings=timings,
+        stages=_stages(timings),
     )
 
 
@@ -185,9 +190,10 @@ def stream_log(
     owner_key: str,
     outcome: Outcome,
     error_code: str,
-    timings: StreamTimings,
+    stages: dict[str, Any],
 ) -> None:
-    """Write the ``stream ended`` line of one stream (see the module docstring). Never raises:
+    """Write the ``stream ended`` line of one stream, with its ``stages`` (``_stages``; see the
+    module docstring). Never raises:
     it runs while an answer closes, and what was said must still be stored."""
     if not streams_log.isEnabledFor(logging.INFO):
         return
@@ -201,7 +207,7 @@ def stream_log(
             "owner_kind": owner_kind(owner_key),
             "outcome": outcome.value,
             "error_code": error_code,
-            **_stages(timings),
+            **stages,
         }
         streams_log.info("stream ended", extra=fields)
     except Exception:
