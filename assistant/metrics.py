@@ -1,8 +1,10 @@
 """Every Prometheus metric chatsite exports, defined once, at import.
 
 Label values are bounded: ``path`` is a serving path name (``direct``, ``django``, ``api``),
-``engine`` an engine name, ``source`` ``server`` or ``client``, ``outcome`` and ``reason`` short
-fixed codes. Never a user, session or request id.
+``engine`` an engine name, ``source`` ``server`` or ``client``, ``server`` the HTTP server the
+answer was streamed by (``daphne``, ``uvicorn``, or empty for a worker that named none:
+``assistant.worker``), ``outcome`` and ``reason`` short fixed codes. Never a user, session or
+request id.
 
 Several Daphne workers: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory (wiped before the
 workers start); prometheus_client then keeps each process's values in files there and
@@ -52,7 +54,7 @@ TTFT = Histogram(
     "ai_ttft_seconds",
     "Time to first token: server (request received to first token sent) or client "
     "(fetch sent to first token rendered; abandoned requests count the time waited).",
-    ["path", "engine", "source"],
+    ["path", "engine", "source", "server"],
     buckets=TTFT_BUCKETS,
 )
 ENGINE_TTFT = Histogram(
@@ -64,7 +66,7 @@ ENGINE_TTFT = Histogram(
 INTER_TOKEN = Histogram(
     "ai_inter_token_seconds",
     "Gap between consecutive token sends of one stream.",
-    ["path", "engine"],
+    ["path", "engine", "server"],
     buckets=GAP_BUCKETS,
 )
 STREAM_DURATION = Histogram(
@@ -76,7 +78,7 @@ STREAM_DURATION = Histogram(
 STREAMS = Counter(
     "ai_streams_total",
     "Chat streams started, by how they ended (ok, client_abort, engine_error, timeout).",
-    ["path", "engine", "outcome"],
+    ["path", "engine", "outcome", "server"],
 )
 CONNECTION_ERRORS = Counter(
     "ai_sse_connection_errors_total",

@@ -182,7 +182,10 @@ def beacon_apply(*, owner_key: str, beacon: Beacon) -> StreamRecord | None:
         record.client_reported_at = timezone.now()
         record.save(update_fields=list(_RECORD_FIELDS))
         spans_invalidate([record.created_at], now=record.client_reported_at)
-    metrics.child(metrics.TTFT, record.path, record.engine, "client").observe(beacon.client_ttft)
+    # Under the server that streamed the answer (its record's), whichever worker the beacon
+    # reached.
+    ttft = metrics.child(metrics.TTFT, record.path, record.engine, "client", record.server)
+    ttft.observe(beacon.client_ttft)
     return record
 
 

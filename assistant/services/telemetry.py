@@ -130,16 +130,17 @@ def stream_observe(summary: AnswerSummary) -> None:
         summary.engine,
         summary.outcome,
     )
-    child = metrics.child
+    child, server = metrics.child, server_name()
     child(metrics.STREAMS_ACTIVE, path, engine).dec()
-    child(metrics.STREAMS, path, engine, outcome.value).inc()
+    child(metrics.STREAMS, path, engine, outcome.value, server).inc()
     if outcome in SERVER_FAULTS:
         child(metrics.CONNECTION_ERRORS, path, summary.error_code or outcome.value).inc()
     if t.first_token_sent:
-        child(metrics.TTFT, path, engine, "server").observe(t.first_token_sent - t.received)
+        ttft = t.first_token_sent - t.received
+        child(metrics.TTFT, path, engine, "server", server).observe(ttft)
     if t.engine_first_delta and t.engine_submitted:
         child(metrics.ENGINE_TTFT, path, engine).observe(t.engine_first_delta - t.engine_submitted)
-    metrics.observe_all(child(metrics.INTER_TOKEN, path, engine), t.gaps)
+    metrics.observe_all(child(metrics.INTER_TOKEN, path, engine, server), t.gaps)
     if t.tokens:
         child(metrics.TOKENS, path, engine).inc(t.tokens)
     child(metrics.STREAM_DURATION, path, engine, outcome.value).observe(t.finished - t.received)
@@ -160,7 +161,8 @@ def stream_refused(
 ) -> None:
     """A stream that could not start (503): an error to the student, so counted as one, and
     logged like an ended answer (its asker is not known yet: no class, no owner kind)."""
-    metrics.child(metrics.STREAMS, serving_path, engine, Outcome.ENGINE_ERROR.value).inc()
+    failed = Outcome.ENGINE_ERROR.value
+    metrics.child(metrics.STREAMS, serving_path, engine, failed, server_name()).inc()
     metrics.child(metrics.CONNECTION_ERRORS, serving_path, reason).inc()
     stream_log(
         request_id=request_id,

@@ -65,7 +65,7 @@ def test_nothing_to_observe_changes_nothing() -> None:
 
 
 def test_an_answers_gaps_reach_the_inter_token_histogram() -> None:
-    child = metrics.INTER_TOKEN.labels("direct", "gaps-test")
+    child = metrics.INTER_TOKEN.labels("direct", "gaps-test", "")  # no server named here
     count = samples_count(child)
     timings = StreamTimings(received=1.0, first_token_sent=1.1, finished=2.0, tokens=4)
     for at in (1.11, 1.13, 1.33):

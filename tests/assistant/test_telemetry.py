@@ -178,12 +178,20 @@ def test_abandoned_requests_count_in_the_client_ttft_histogram(
     before = metric_samples(daphne)
     key = (
         "ai_ttft_seconds_count",
-        frozenset({"path": "direct", "engine": "scripted", "source": "client"}.items()),
+        frozenset(
+            {"path": "direct", "engine": "scripted", "source": "client", "server": "daphne"}.items()
+        ),
     )
     slow_bucket = (
         "ai_ttft_seconds_bucket",
         frozenset(
-            {"path": "direct", "engine": "scripted", "source": "client", "le": "0.5"}.items()
+            {
+                "path": "direct",
+                "engine": "scripted",
+                "source": "client",
+                "server": "daphne",
+                "le": "0.5",
+            }.items()
         ),
     )
     response = chat_client.raw({"message": "[scripted tokens=3 ttft_ms=3000]"})
@@ -216,7 +224,9 @@ def test_metrics_expose_the_stream_figures(chat_client: ChatClient, daphne: Live
         assert name in names, name
     server = (
         "ai_ttft_seconds_count",
-        frozenset({"path": "direct", "engine": "scripted", "source": "server"}.items()),
+        frozenset(
+            {"path": "direct", "engine": "scripted", "source": "server", "server": "daphne"}.items()
+        ),
     )
     assert samples[server] >= 2
     active = [v for (n, labels), v in samples.items() if n == "ai_streams_active"]
@@ -224,6 +234,48 @@ def test_metrics_expose_the_stream_figures(chat_client: ChatClient, daphne: Live
     assert all(not math.isnan(v) for v in samples.values())
     labels = {k for _, ls in samples for k, _ in ls}
     assert not labels & {"request_id", "session", "user", "conversation"}
+
+
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
+def test_the_stream_figures_name_the_server_that_streamed(worker_factory, server_kind: str) -> None:
+    """An answer's server and browser TTFT, its gaps and its count are labelled with the server
+    its worker runs under: the pools of Daphne and of uvicorn share a host's /metrics, and are
+    told apart by that label alone."""
+    worker = worker_factory()
+    client = ChatClient(worker)
+    try:
+        before = metric_samples(worker)
+        events = client.ask("[scripted tokens=3 itl_ms=5]")
+        request_id = events[0].json()["request_id"]
+        assert record_of(request_id).server == server_kind
+        report = {
+            "request_id": request_id,
+            "outcome": "ok",
+            "ttfb_ms": 3.0,
+            "ttft_ms": 60.0,
+            "done_ms": 90.0,
+            "tokens": 3,
+        }
+        assert send_beacon(client, report).status_code == 204
+        after = metric_samples(worker)
+    finally:
+        client.close()
+
+    def servers_counted(name: str, **labels: str) -> set[str | None]:
+        """The ``server`` label of each ``name`` sample with ``labels`` that went up."""
+        return {
+            dict(key).get("server")
+            for (sample, key), value in after.items()
+            if sample == name
+            and labels.items() <= dict(key).items()
+            and value > before.get((sample, key), 0)
+        }
+
+    direct = {"path": "direct", "engine": "scripted"}
+    assert servers_counted("ai_ttft_seconds_count", **direct, source="server") == {server_kind}
+    assert servers_counted("ai_ttft_seconds_count", **direct, source="client") == {server_kind}
+    assert servers_counted("ai_inter_token_seconds_count", **direct) == {server_kind}
+    assert servers_counted("ai_streams_total", **direct, outcome="ok") == {server_kind}
 
 
 @pytest.mark.parametrize(

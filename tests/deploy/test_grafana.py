@@ -388,6 +388,58 @@ def test_panels_compute_what_they_say(promtool: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Path) -> None:
+    """On one host's figures, with both pools' series side by side: Daphne's streams failed 5 %
+    of the time and uvicorn's 1 %; Daphne's gaps all fell in (5, 10] ms and uvicorn's in
+    (10, 20] ms, so their P95s are 9.75 and 19.5 ms."""
+    labels = 'job="chatsite",instance="10.0.0.1:8001",path="direct",engine="scripted"'
+    daphne, uvicorn = f'{labels},server="daphne"', f'{labels},server="uvicorn"'
+    series = {
+        f'ai_streams_total{{{daphne},outcome="ok"}}': "0+95x20",
+        f'ai_streams_total{{{daphne},outcome="timeout"}}': "0+5x20",
+        f'ai_streams_total{{{uvicorn},outcome="ok"}}': "0+90x20",
+        f'ai_streams_total{{{uvicorn},outcome="client_abort"}}': "0+9x20",
+        f'ai_streams_total{{{uvicorn},outcome="server_error"}}': "0+1x20",
+    }
+    for server, bucket in ((daphne, "0.01"), (uvicorn, "0.02")):
+        for le in ("0.005", "0.01", "0.02", "+Inf"):
+            reached = float(le) >= float(bucket)
+            series[f'ai_inter_token_seconds_bucket{{{server},le="{le}"}}'] = (
+                "0+100x20" if reached else "0+0x20"
+            )
+    expected = [
+        (panel_query("Streams failed on the server's side, by server"), "daphne", 5000),
+        (panel_query("Streams failed on the server's side, by server"), "uvicorn", 1000),
+        (panel_query("Inter-token latency P95 by server"), "daphne", 975),
+        (panel_query("Inter-token latency P95 by server"), "uvicorn", 1950),
+    ]
+    # In hundred-thousandths, rounded: whole numbers, which compare exactly.
+    rules = write_rules(tmp_path, {q.rule_name: concrete(q.expr) for q, _, _ in expected})
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": f'round(100000 * {q.rule_name}{{server="{server}"}})',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f'{{server="{server}"}}', "value": value}],
+                    }
+                    for q, server, value in expected
+                ],
+            }
+        ],
+    }
+    (tmp_path / "dashboard.test.yml").write_text(yaml.safe_dump(tests))
+
+    result = run_promtool(promtool, "test", "rules", tmp_path / "dashboard.test.yml")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # --- provisioning and the scrape config --------------------------------------------------------
 
 

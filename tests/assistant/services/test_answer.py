@@ -82,7 +82,7 @@ async def test_the_last_frame_ends_the_response_once_the_answer_is_closed(
     closed: its metrics counted and its engine's seat given back. A client that has ``done``
     can count on both."""
     answer = await harness.start(question("end", tokens=3))
-    labels = {"path": "direct", "engine": answer.engine.name, "outcome": "ok"}
+    labels = {"path": "direct", "engine": answer.engine.name, "outcome": "ok", "server": ""}
     before = REGISTRY.get_sample_value("ai_streams_total", labels) or 0
     live, ended = Live(), Live()
     at_end: list[tuple[float | None, bool, bool]] = []
