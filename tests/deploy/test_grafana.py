@@ -338,6 +338,42 @@ def panel_query(title: str, ref_id: str = "A") -> Query:
     return query
 
 
+def assert_panels_compute(
+    promtool: str, tmp_path: Path, series: dict[str, str], expected: list[tuple[Query, str, float]]
+) -> None:
+    """promtool evaluates each panel query in ``expected`` on ``series`` (each a promtool
+    expanding notation, one value a minute) at 10 minutes, and finds exactly the samples given
+    for it (labels, value). Values compare in hundred-thousandths, rounded: whole numbers, so
+    0.3 - 0.2 does not fail an exact comparison (and round() drops the metric name)."""
+    samples: dict[Query, list[dict[str, Any]]] = {}
+    for query, labels, value in expected:
+        samples.setdefault(query, []).append({"labels": labels, "value": round(value * 100_000)})
+    rules = write_rules(tmp_path, {q.rule_name: concrete(q.expr) for q in samples})
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": f"round(100000 * {q.rule_name})",
+                        "eval_time": "10m",
+                        "exp_samples": found,
+                    }
+                    for q, found in samples.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "dashboard.test.yml").write_text(yaml.safe_dump(tests))
+
+    result = run_promtool(promtool, "test", "rules", tmp_path / "dashboard.test.yml")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_panels_compute_what_they_say(promtool: str, tmp_path: Path) -> None:
     """On known counters the panels read: 5 % of streams failed (3 engine errors and 2 timeouts
     in 100; 5 client aborts are not failures), chatsite added 100 ms to a 200 ms engine TTFT on
@@ -356,36 +392,16 @@ def test_panels_compute_what_they_say(promtool: str, tmp_path: Path) -> None:
         f"ai_streams_active{{{labels},{host1}}}": "3+0x20",
         f"ai_streams_active{{{labels},{host2}}}": "4+0x20",
     }
-    expected = [
-        (panel_query("Streams failed on the server's side, by path"), '{path="direct"}', 0.05),
-        (panel_query("Latency added per stage (mean)", "B"), '{path="direct"}', 0.1),
-        (panel_query("Active streams"), '{engine="scripted",path="direct"}', 7),
-    ]
-    rules = write_rules(tmp_path, {q.rule_name: concrete(q.expr) for q, _, _ in expected})
-    # round() drops the metric name, and keeps 0.3 - 0.2 from failing an exact comparison.
-    tests = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": f"round({q.rule_name}, 0.0001)",
-                        "eval_time": "10m",
-                        "exp_samples": [{"labels": out, "value": value}],
-                    }
-                    for q, out, value in expected
-                ],
-            }
+    assert_panels_compute(
+        promtool,
+        tmp_path,
+        series,
+        [
+            (panel_query("Streams failed on the server's side, by path"), '{path="direct"}', 0.05),
+            (panel_query("Latency added per stage (mean)", "B"), '{path="direct"}', 0.1),
+            (panel_query("Active streams"), '{engine="scripted",path="direct"}', 7),
         ],
-    }
-    (tmp_path / "dashboard.test.yml").write_text(yaml.safe_dump(tests))
-
-    result = run_promtool(promtool, "test", "rules", tmp_path / "dashboard.test.yml")
-
-    assert result.returncode == 0, result.stdout + result.stderr
+    )
 
 
 def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Path) -> None:
@@ -407,37 +423,19 @@ def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Pa
             series[f'ai_inter_token_seconds_bucket{{{server},le="{le}"}}'] = (
                 "0+100x20" if reached else "0+0x20"
             )
-    expected = [
-        (panel_query("Streams failed on the server's side, by server"), "daphne", 5000),
-        (panel_query("Streams failed on the server's side, by server"), "uvicorn", 1000),
-        (panel_query("Inter-token latency P95 by server"), "daphne", 975),
-        (panel_query("Inter-token latency P95 by server"), "uvicorn", 1950),
-    ]
-    # In hundred-thousandths, rounded: whole numbers, which compare exactly.
-    rules = write_rules(tmp_path, {q.rule_name: concrete(q.expr) for q, _, _ in expected})
-    tests = {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": f'round(100000 * {q.rule_name}{{server="{server}"}})',
-                        "eval_time": "10m",
-                        "exp_samples": [{"labels": f'{{server="{server}"}}', "value": value}],
-                    }
-                    for q, server, value in expected
-                ],
-            }
+    failed = panel_query("Streams failed on the server's side, by server")
+    gaps = panel_query("Inter-token latency P95 by server")
+    assert_panels_compute(
+        promtool,
+        tmp_path,
+        series,
+        [
+            (failed, '{server="daphne"}', 0.05),
+            (failed, '{server="uvicorn"}', 0.01),
+            (gaps, '{server="daphne"}', 0.00975),
+            (gaps, '{server="uvicorn"}', 0.0195),
         ],
-    }
-    (tmp_path / "dashboard.test.yml").write_text(yaml.safe_dump(tests))
-
-    result = run_promtool(promtool, "test", "rules", tmp_path / "dashboard.test.yml")
-
-    assert result.returncode == 0, result.stdout + result.stderr
+    )
 
 
 # --- provisioning and the scrape config --------------------------------------------------------
