@@ -39,7 +39,7 @@ from assistant.services.answer_registry import answer_running
 from assistant.services.class_live import class_live_start
 from assistant.services.classrooms import ClassContext, generation_for
 from assistant.services.classrooms import engine_alias_for as class_engine_alias
-from assistant.services.conversations import ConversationNotFound, Exchange
+from assistant.services.conversations import ConversationNotFound, Exchange, conversation_written
 from assistant.services.engine_stream import EngineStream
 from assistant.services.frames import SITE_FRAMES, Frames
 from assistant.services.identity import Identity
@@ -276,6 +276,10 @@ async def _answer_open(
     (no session, a paused class, a limit, a conversation that is not theirs).
     """
     timings.parsed = now()
+    if asking.conversation_id is not None:
+        # Its last answer may still be on its way to the database: the history read beside
+        # the engine must find it. (Holding nothing yet: no seat, no slot.)
+        await conversation_written(asking.conversation_id)
     seating = seating_for(engine)
     early = guess_known and not (guess is not None and guess.paused)
     # With a seat free, a new conversation needs nothing from the database before the engine

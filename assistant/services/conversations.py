@@ -18,12 +18,13 @@ from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.chat_request import _UNSTORABLE
+from assistant.services.deleted_marks import deleted_key, deleted_look
 from assistant.services.persistence import (
     PersistenceFailed,
     Rows,
-    deleted_key,
-    deleted_look,
     rows_submit,
+    rows_writing,
+    rows_written,
 )
 from assistant.services.ratelimit import rate_limit_hit
 from assistant.services.telemetry import AnswerSummary, stream_record
@@ -52,6 +53,26 @@ class Exchange:
     request_id: str
     #: The question this exchange replaces (``ChatTurn.replaces``).
     replaces: uuid.UUID | None = None
+
+
+#: The longest a follow-up question waits for its conversation's rows still being written
+#: (``conversation_written``); past it, the database is failing over or far behind, and the
+#: question goes on with what is stored.
+WRITTEN_WAIT_S = 3.0
+
+
+async def conversation_written(conversation_id: uuid.UUID) -> None:
+    """Return once what this loop's group writer was handed of ``conversation_id`` is stored (at
+    once when nothing is waiting, the usual case), or after ``WRITTEN_WAIT_S``: the history read
+    next then has the answer that was just sent, however late the writer stores it. A write
+    that failed is not raised here (it was logged; the read finds what was stored)."""
+    if not rows_writing(conversation_id):
+        return
+    try:
+        async with asyncio.timeout(WRITTEN_WAIT_S):
+            await rows_written(conversation_id)
+    except TimeoutError:
+        pass
 
 
 def conversation_history(
@@ -153,7 +174,7 @@ async def answer_store(rows: Rows, summary: AnswerSummary) -> None:
     When the answer's conversation was deleted while it ran (``conversation_delete``), only the
     record is stored, and one info line says so: nothing comes back to life. The database
     refuses the answer's message (its conversation is gone), and the writer then looks for the
-    cache's marks of its batch's conversations (``persistence.deleted_dropped``) and writes the
+    cache's marks of its batch's conversations (``deleted_marks.deleted_dropped``) and writes the
     rest again. If the refusal came before the conversation's mark (the moment between the
     delete and the mark), the writer refuses the rows (one warning line of its own), and this
     looks again and ends in the same info line rather than a failure.
@@ -184,7 +205,7 @@ def _answer_dropped(summary: AnswerSummary) -> None:
 
 async def _conversation_deleted(conversation_id: uuid.UUID) -> bool:
     """Whether ``conversation_delete`` deleted this conversation lately (its mark in the
-    cache, ``persistence.deleted_marked``). False when the cache cannot say: the writer's
+    cache, ``deleted_marks.deleted_marked``). False when the cache cannot say: the writer's
     refusal is the last word then."""
     return conversation_id in await deleted_look({conversation_id})
 

@@ -14,6 +14,8 @@ taken the moment the previous one is stored holds only what arrived meanwhile. S
 answers running (``PERSIST_BATCH_FROM``), the writer takes a batch at most once every
 ``PERSIST_BATCH_MS``: what was said is stored that much later, never more, and many answers share
 each transaction. With fewer running, or the first time after a pause, rows are written at once.
+The rows of a conversation still on their way are known (``rows_writing``), so a follow-up
+question can wait for them (``rows_written``, ``conversations.conversation_written``).
 """
 
 import asyncio
@@ -24,7 +26,6 @@ import weakref
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import (
     IntegrityError,
     InterfaceError,
@@ -38,9 +39,8 @@ from django.db.models import Subquery
 from django.utils import timezone
 
 from assistant import metrics
-from assistant.db import run_db, run_db_write
+from assistant.db import run_db_write
 from assistant.models import Classroom, Conversation, Message, StreamRecord
-from assistant.services.admission import cache_in_process
 from assistant.services.answer_registry import answers_running_count
 from assistant.services.batch_statement import (
     Tables,
@@ -48,6 +48,7 @@ from assistant.services.batch_statement import (
     batch_statement_run,
     touch_parts,
 )
+from assistant.services.deleted_marks import deleted_dropped
 from assistant.services.table_rows import Row, insert_columns, insert_values
 from assistant.services.traffic_sums import spans_invalidate
 
@@ -148,47 +149,6 @@ def classes_gone(conversations: list[Row]) -> None:
             conversation["classroom_id"] = None
 
 
-def deleted_key(conversation_id: uuid.UUID) -> str:
-    """The cache key marking a conversation deleted (``conversations.conversation_delete``)."""
-    return f"conversation:deleted:{conversation_id}"
-
-
-def deleted_marked(ids: set[uuid.UUID]) -> set[uuid.UUID]:
-    """Synchronous (cache): which of ``ids`` are marked deleted, in one round trip; none when
-    the cache cannot say (the database's refusal is the last word then)."""
-    try:
-        found = cache.get_many([deleted_key(i) for i in ids])
-    except Exception:
-        shown = ", ".join(sorted(map(str, ids)))
-        logger.warning("Could not tell whether conversations %s were deleted", shown)
-        return set()
-    return {i for i in ids if deleted_key(i) in found}
-
-
-async def deleted_look(ids: set[uuid.UUID]) -> set[uuid.UUID]:
-    """``deleted_marked`` from the event loop: in place when the cache is this process's
-    memory, on a reader thread otherwise."""
-    return deleted_marked(ids) if cache_in_process() else await run_db(deleted_marked, ids)
-
-
-async def deleted_dropped(batch: list[Rows]) -> bool:
-    """After the database refused ``batch``: leave out the rows of its conversations deleted
-    meanwhile (their messages and touch; their records stay), marking them ``dropped``, in one
-    cache trip. Whether any were: the batch is then written again without them.
-
-    A message of a deleted conversation is refused by its foreign key, so the writer looks for
-    the marks only after a refusal, not before every batch: a delete during an answer is rare,
-    a batch is not."""
-    asking = [rows for rows in batch if rows.unless_deleted is not None and not rows.dropped]
-    if not asking:
-        return False
-    deleted = await deleted_look({rows.unless_deleted for rows in asking})
-    gone = [rows for rows in asking if rows.unless_deleted in deleted]
-    for rows in gone:
-        rows.messages, rows.touch, rows.replaced, rows.dropped = [], [], [], True
-    return bool(gone)
-
-
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction. On PostgreSQL that is one
     statement, run in one round trip (``batch_statement``); on SQLite, one statement per
@@ -241,6 +201,10 @@ class GroupWriter:
         self._task: asyncio.Task[None] | None = None
         #: When the last batch was taken (the loop's clock): the next waits for ``_pause``.
         self._taken_at = -math.inf
+        #: Each conversation's latest rows handed over and not written yet (nor given up).
+        self._writing: dict[uuid.UUID, Rows] = {}
+        #: Done when the batch being written is, for ``written``'s waiters (None: none waits).
+        self._flushed: asyncio.Future[None] | None = None
 
     def submit(self, rows: Rows) -> asyncio.Future[None]:
         """Queue ``rows`` for the next batch: the future is done once they are stored, or has
@@ -250,7 +214,31 @@ class GroupWriter:
         self._wakeup.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
+        for conversation_id in _conversations_of(rows):
+            self._writing[conversation_id] = rows
         return done
+
+    def writing(self, conversation_id: uuid.UUID) -> bool:
+        """Whether rows of ``conversation_id`` handed over are not written yet."""
+        return conversation_id in self._writing
+
+    async def written(self, conversation_id: uuid.UUID) -> None:
+        """Return once every row of ``conversation_id`` handed over so far is written (or given
+        up, and logged). Cancelling the wait leaves the writing as it is."""
+        while conversation_id in self._writing:
+            if self._flushed is None:
+                self._flushed = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._flushed)
+
+    def _batch_done(self, batch: list[tuple[Rows, asyncio.Future[None]]]) -> None:
+        writing = self._writing
+        for rows, _ in batch:
+            for conversation_id in _conversations_of(rows):
+                if writing.get(conversation_id) is rows:
+                    del writing[conversation_id]
+        flushed, self._flushed = self._flushed, None
+        if flushed is not None:
+            flushed.set_result(None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -264,6 +252,7 @@ class GroupWriter:
             if batch:
                 self._taken_at = loop.time()
                 await self._flush(batch)
+                self._batch_done(batch)
 
     async def _flush(self, batch: list[tuple[Rows, asyncio.Future[None]]]) -> None:
         try:
@@ -302,6 +291,16 @@ class GroupWriter:
         for _, done in batch:
             if not done.done():
                 done.set_result(None)
+
+
+def _conversations_of(rows: Rows) -> set[uuid.UUID]:
+    """The conversations ``rows`` write to: the same before and after ``deleted_dropped``
+    (which leaves out their messages, not ``unless_deleted``)."""
+    ids = {message["conversation_id"] for message in rows.messages}
+    ids.update(conversation["id"] for conversation in rows.conversations)
+    if rows.unless_deleted is not None:
+        ids.add(rows.unless_deleted)
+    return ids
 
 
 def _pause(taken_at: float, now: float) -> float:
@@ -363,6 +362,19 @@ def rows_submit(rows: Rows) -> asyncio.Future[None]:
     if writer is None:
         writer = _writers[loop] = GroupWriter()
     return writer.submit(rows)
+
+
+def rows_writing(conversation_id: uuid.UUID) -> bool:
+    """Whether the running loop's writer holds rows of ``conversation_id`` not written yet."""
+    writer = _writers.get(asyncio.get_running_loop())
+    return writer is not None and writer.writing(conversation_id)
+
+
+async def rows_written(conversation_id: uuid.UUID) -> None:
+    """``GroupWriter.written`` of the running loop's writer."""
+    writer = _writers.get(asyncio.get_running_loop())
+    if writer is not None:
+        await writer.written(conversation_id)
 
 
 async def rows_store(rows: Rows) -> None:

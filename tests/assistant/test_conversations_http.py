@@ -48,6 +48,26 @@ def test_continuing_a_conversation_sends_its_history(
     assert history[2]["content"] == "[scripted tokens=3 tag=second] two"
 
 
+def test_a_follow_up_asked_as_the_answer_ends_has_it_in_its_history(daphne_factory) -> None:
+    """With the worker's writer storing what was said up to 1.5 s late (a batch at most that
+    often, however few answers run), a follow-up asked the moment ``done`` arrives waits for
+    its conversation's rows: the engine gets the first answer in the history."""
+    worker = daphne_factory(CHATSITE_PERSIST_BATCH_MS="1500", CHATSITE_PERSIST_BATCH_FROM="0")
+    client = ChatClient(worker)
+    try:
+        first = client.ask("[scripted tokens=3 tag=late-first] one")
+        conversation = first[0].json()["conversation"]
+        assert first[-1].event == "done"
+        second = client.ask("[scripted tokens=3 tag=late-second] two", conversation=conversation)
+        assert second[-1].event == "done"
+        # system prompt + first question + first answer + the new question
+        given = worker.wait_engine_event("late-second", "start")["given"]
+        assert [role for role, _ in given] == ["system", "user", "assistant", "user"]
+        assert given[2][1] == "".join(default_tokens(3))
+    finally:
+        client.close()
+
+
 def test_another_session_cannot_read_or_continue_a_conversation(
     chat_client: ChatClient, daphne: LiveServer
 ) -> None:

@@ -1,6 +1,6 @@
 """An answer whose conversation was deleted while it ran is left out by the writer: the database
 refuses its message (the conversation is gone), and only then does the writer look for the
-cache's deleted marks, once for the refused batch (``persistence.deleted_dropped``), and write
+cache's deleted marks, once for the refused batch (``deleted_marks.deleted_dropped``), and write
 the rest again. The end-to-end case, through a real server and both serving paths, is
 tests/assistant/test_conversation_actions.py: test_deleting_a_conversation_while_its_answer_streams.
 """
@@ -16,7 +16,8 @@ from assistant.db import run_db
 from assistant.models import Conversation, Message
 from assistant.services import conversations
 from assistant.services.conversations import DELETED_KEEP_S
-from assistant.services.persistence import PersistenceFailed, Rows, deleted_key, rows_store
+from assistant.services.deleted_marks import deleted_key
+from assistant.services.persistence import PersistenceFailed, Rows, rows_store, rows_writing
 from tests.support import row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,6 +81,8 @@ async def test_a_refused_batch_leaves_out_the_answers_of_conversations_marked_de
     assert not rows_kept.dropped and rows_gone.dropped
     assert await run_db(contents) == ["stays"]
     assert "Could not store" not in caplog.text
+    # Neither is waited for any more (a follow-up's history read), the dropped one included.
+    assert not rows_writing(kept.id) and not rows_writing(gone_id)
 
 
 async def test_a_batch_the_database_takes_costs_no_look(marks: list[uuid.UUID]) -> None:

@@ -14,9 +14,15 @@ from pytest_django.fixtures import Settings
 
 from assistant.db import run_db
 from assistant.models import Conversation
-from assistant.services import persistence
+from assistant.services import conversations, persistence
 from assistant.services.answer_registry import answer_ended, answer_register
-from assistant.services.persistence import Rows, rows_store, rows_submit
+from assistant.services.persistence import (
+    Rows,
+    rows_store,
+    rows_submit,
+    rows_writing,
+    rows_written,
+)
 from tests.support import row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -167,3 +173,48 @@ def test_the_wait_is_what_is_left_of_the_interval(batching: None, busy: None) ->
     assert persistence._pause(10.0, 10.1) == pytest.approx(EVERY_MS / 1000 - 0.1)
     assert persistence._pause(10.0, 10.0 + EVERY_MS / 1000) == 0.0
     assert persistence._pause(-float("inf"), 10.0) == 0.0
+
+
+def conversation_id(rows: Rows) -> uuid.UUID:
+    return rows.conversations[0]["id"]
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_a_conversation_is_waited_for_until_its_rows_are_stored() -> None:
+    """Rows handed over while the writer waits out its interval: their conversation is known
+    as being written, and ``rows_written`` returns once they are stored, not before."""
+    await rows_store(conversation("first"))  # written at once; the next batch waits
+    later = conversation("later")
+    stored = rows_submit(later)
+    assert rows_writing(conversation_id(later))
+    assert not rows_writing(uuid.uuid4())
+    await rows_written(conversation_id(later))
+    assert stored.done()
+    assert await stored_titles() == ["first", "later"]
+    assert not rows_writing(conversation_id(later))
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_cancelling_the_rows_future_or_the_wait_leaves_the_conversation_waited_for() -> None:
+    await rows_store(conversation("first"))
+    later = conversation("later")
+    rows_submit(later).cancel()
+    waiter = asyncio.ensure_future(rows_written(conversation_id(later)))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    assert rows_writing(conversation_id(later))
+    await rows_written(conversation_id(later))
+    assert await stored_titles() == ["first", "later"]
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_a_follow_up_waits_no_longer_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the rows still waiting for the writer's interval (2 s), a follow-up's wait ends
+    after ``WRITTEN_WAIT_S`` (here 50 ms): it goes on with what is stored."""
+    monkeypatch.setattr(conversations, "WRITTEN_WAIT_S", 0.05)
+    await rows_store(conversation("first"))
+    later = conversation("later")
+    stored = rows_submit(later)
+    await conversations.conversation_written(conversation_id(later))
+    assert rows_writing(conversation_id(later)) and not stored.done()
+    await stored
