@@ -7,33 +7,25 @@ what was said, with the answer's record and metrics, to the group writer, whatev
 cancelled task included); ``_finish`` lets the listeners see the end.
 """
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from assistant import errors
-from assistant.engines import BaseEngine, EngineError, EngineTimeout
+from assistant.engines import EngineError, EngineTimeout
 from assistant.models import StreamRecord
 from assistant.services import background
 from assistant.services.admission import chat_slot_release
 from assistant.services.answer_ends import Ended
 from assistant.services.answer_registry import answer_ended, answer_forget
-from assistant.services.conversations import Exchange, answer_rows, answer_store, question_rows
-from assistant.services.frames import Frames
-from assistant.services.identity import Identity
+from assistant.services.conversations import answer_rows, answer_store, question_rows
 from assistant.services.persistence import rows_store
 from assistant.services.telemetry import AnswerSummary, stream_observe
 from assistant.services.timings import now
 
 if TYPE_CHECKING:
-    from assistant.services.answer import _Live
-    from assistant.services.answer_buffer import AnswerBuffer
-    from assistant.services.engine_stream import EngineStream
-    from assistant.services.seats import Seat
-    from assistant.services.timings import StreamTimings
-    from assistant.transport import UnreadWatch
+    from assistant.services.answer import Answer
 
 #: One logger for an answer's lines, wherever in its code they are written.
 logger = logging.getLogger("assistant.services.answer")
@@ -42,42 +34,10 @@ Outcome = StreamRecord.Outcome
 
 
 class AnswerEnd:
-    """The end of an ``Answer``: mixed into it, reading and setting its fields (named below for
-    the reader; ``Answer`` defines them)."""
+    """The end of an ``Answer``: mixed into it, reading and setting the fields ``Answer``
+    defines (each method's ``self`` is one)."""
 
-    if TYPE_CHECKING:
-        exchange: Exchange
-        identity: Identity
-        question: str
-        serving_path: str
-        engine: BaseEngine
-        source: EngineStream
-        timings: StreamTimings
-        seat: Seat
-        frames: Frames
-        resumable: bool
-        outcome: Outcome
-        error_code: str
-        finish_reason: str
-        prompt_tokens: int | None
-        completion_tokens: int | None
-        text: list[str]
-        buffer: AnswerBuffer
-        loop: asyncio.AbstractEventLoop
-        _live: _Live | None
-        _reader: UnreadWatch | None
-        _task: asyncio.Task[None] | None
-        _question_stored: bool
-        _slot_released: bool
-        _closed: bool
-
-        @property
-        def request_id(self) -> str: ...
-
-        @property
-        def owner_key(self) -> str: ...
-
-    async def _last_frame(self, ending: EngineError | Ended | None) -> bytes:
+    async def _last_frame(self: "Answer", ending: EngineError | Ended | None) -> bytes:
         """The outcome, the slot given back, and the last frame: ``done`` when the engine
         finished (``ending`` None), else the ``error`` for its failure or the early end."""
         timings = self.timings
@@ -107,11 +67,11 @@ class AnswerEnd:
         await self._release_slot()
         return self.frames.error(ending.code, failed.message)
 
-    def _ended(self, outcome: Outcome, code: str) -> None:
+    def _ended(self: "Answer", outcome: Outcome, code: str) -> None:
         self.outcome, self.error_code = outcome, code
         self.timings.finished = now()
 
-    def _save_question(self) -> None:
+    def _save_question(self: "Answer") -> None:
         """Hand the question to the group writer, once (it stores it before the answer)."""
         if not self._question_stored:
             self._question_stored = True
@@ -123,14 +83,14 @@ class AnswerEnd:
             )
             background.spawn(rows_store(rows), name=f"question:{self.request_id}")
 
-    async def _release_slot(self) -> None:
+    async def _release_slot(self: "Answer") -> None:
         """Give back the student's stream slot (once): before the last frame goes out, so a
         question asked the moment ``done`` arrives is not refused."""
         if not self._slot_released:
             self._slot_released = True
             await chat_slot_release(owner_key=self.owner_key, request_id=self.request_id)
 
-    async def _close(self) -> None:
+    async def _close(self: "Answer") -> None:
         """Stop the engine and store what was said. Safe while being cancelled."""
         if self._closed:
             return
@@ -157,7 +117,7 @@ class AnswerEnd:
             if not self._slot_released:
                 background.spawn(self._release_slot(), name=f"release:{self.request_id}")
 
-    def _finish(self) -> None:
+    def _finish(self: "Answer") -> None:
         """Listeners see the end; a resumable answer stays so for ``RESUME_KEEP_S``."""
         self.buffer.finish()
         self._task = None
@@ -165,7 +125,7 @@ class AnswerEnd:
         if self.resumable:
             self.loop.call_later(settings.CHATSITE_STREAM["RESUME_KEEP_S"], answer_forget, self)
 
-    def _summary(self) -> AnswerSummary:
+    def _summary(self: "Answer") -> AnswerSummary:
         return AnswerSummary(
             request_id=self.request_id,
             owner_key=self.owner_key,
