@@ -105,7 +105,7 @@ class AnswerEnd:
             self.seat.leave()
             self.timings.finished = self.timings.finished or now()
             summary = self._summary()
-            stream_observe(summary)
+            # What was said goes to the writer first: nothing measured after can keep it back.
             self._save_question()
             rows = answer_rows(
                 exchange=self.exchange,
@@ -116,6 +116,7 @@ class AnswerEnd:
             background.spawn(answer_store(rows, summary), name=f"answer:{self.request_id}")
             if not self._slot_released:
                 background.spawn(self._release_slot(), name=f"release:{self.request_id}")
+            stream_observe(summary)
 
     def _finish(self: "Answer") -> None:
         """Listeners see the end; a resumable answer stays so for ``RESUME_KEEP_S``."""

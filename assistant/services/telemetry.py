@@ -195,8 +195,7 @@ def stream_log(
     stages: dict[str, Any],
 ) -> None:
     """Write the ``stream ended`` line of one stream, with its ``stages`` (``_stages``; see the
-    module docstring). Never raises:
-    it runs while an answer closes, and what was said must still be stored."""
+    module docstring). Never raises: it runs while an answer closes."""
     if not streams_log.isEnabledFor(logging.INFO):
         return
     try:

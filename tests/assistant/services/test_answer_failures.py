@@ -1,11 +1,12 @@
 """The answer runner when the server itself fails, in-process, on real answers: a fault while
-the frames are made, the stream slot's store failing at the end, and a live listener whose send
-fails. Each must end the way a student and the dashboard can tell: an ``error`` frame
-``server_error`` where the stream can still carry it, the outcome of the first failure stored,
-and every word the engine produced stored with the question.
+the frames are made, the stream slot's store failing at the end, the metrics failing as it
+closes, and a live listener whose send fails. Each must end the way a student and the dashboard
+can tell: an ``error`` frame ``server_error`` where the stream can still carry it, the outcome
+of the first failure stored, and every word the engine produced stored with the question.
 
 The faults are made where no real input can make them (a wire format that raises, a slot store
-that raises, a send that raises): they stand in for a bug and for Redis or a socket going away.
+that raises, metrics that raise, a send that raises): they stand in for a bug and for Redis, a
+file or a socket going away.
 """
 
 import logging
@@ -130,6 +131,25 @@ async def test_a_slot_store_failing_at_the_end_keeps_the_first_failure(
     assert stored.answer.content == "".join(default_tokens(said))
     assert (stored.record.outcome, stored.record.error_code) == (outcome, code)
     assert stored.record.tokens == said
+
+
+async def test_metrics_failing_as_the_answer_closes_still_store_what_was_said(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting and logging the answer raises (the metrics' shared file went away): the run
+    ends with that error, and the question and the whole answer are stored all the same."""
+
+    def failing(summary: object) -> None:
+        raise OSError("the metrics file went away")
+
+    monkeypatch.setattr(answer_close, "stream_observe", failing)
+    answer = await harness.start(question("metrics", tokens=3))
+    with pytest.raises(OSError, match="metrics file"):
+        await harness.ended(harness.run(answer, Live()))
+
+    stored = await harness.stored(answer)
+    assert stored.question.content.endswith("How do plants make food?")
+    assert stored.answer.content == "".join(default_tokens(3))
 
 
 async def test_a_send_that_fails_ends_the_run_with_its_error_and_stores_the_answer(
