@@ -72,7 +72,7 @@ INTER_TOKEN = Histogram(
 STREAM_DURATION = Histogram(
     "ai_stream_duration_seconds",
     "Stream duration, request received to last frame.",
-    ["path", "engine", "outcome"],
+    ["path", "engine", "outcome", "server"],
     buckets=DURATION_BUCKETS,
 )
 STREAMS = Counter(
@@ -89,7 +89,7 @@ CONNECTION_ERRORS = Counter(
 STREAMS_ACTIVE = Gauge(
     "ai_streams_active",
     "Chat streams open now.",
-    ["path", "engine"],
+    ["path", "engine", "server"],
     multiprocess_mode="livesum",
 )
 TOKENS = Counter("ai_tokens", "Tokens streamed to clients.", ["path", "engine"])

@@ -119,7 +119,7 @@ def refused_record(
 
 
 def stream_started(*, serving_path: str, engine: str) -> None:
-    metrics.child(metrics.STREAMS_ACTIVE, serving_path, engine).inc()
+    metrics.child(metrics.STREAMS_ACTIVE, serving_path, engine, server_name()).inc()
 
 
 def stream_observe(summary: AnswerSummary) -> None:
@@ -131,7 +131,7 @@ def stream_observe(summary: AnswerSummary) -> None:
         summary.outcome,
     )
     child, server = metrics.child, server_name()
-    child(metrics.STREAMS_ACTIVE, path, engine).dec()
+    child(metrics.STREAMS_ACTIVE, path, engine, server).dec()
     child(metrics.STREAMS, path, engine, outcome.value, server).inc()
     if outcome in SERVER_FAULTS:
         child(metrics.CONNECTION_ERRORS, path, summary.error_code or outcome.value).inc()
@@ -143,7 +143,8 @@ def stream_observe(summary: AnswerSummary) -> None:
     metrics.observe_all(child(metrics.INTER_TOKEN, path, engine, server), t.gaps)
     if t.tokens:
         child(metrics.TOKENS, path, engine).inc(t.tokens)
-    child(metrics.STREAM_DURATION, path, engine, outcome.value).observe(t.finished - t.received)
+    duration = child(metrics.STREAM_DURATION, path, engine, outcome.value, server)
+    duration.observe(t.finished - t.received)
     stream_log(
         request_id=summary.request_id,
         serving_path=path,

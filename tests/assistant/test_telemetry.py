@@ -238,14 +238,18 @@ def test_metrics_expose_the_stream_figures(chat_client: ChatClient, daphne: Live
 
 @pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
 def test_the_stream_figures_name_the_server_that_streamed(worker_factory, server_kind: str) -> None:
-    """An answer's server and browser TTFT, its gaps and its count are labelled with the server
-    its worker runs under: the pools of Daphne and of uvicorn share a host's /metrics, and are
-    told apart by that label alone."""
+    """An answer's server and browser TTFT, its gaps, duration and count, and the streams open
+    while it runs, are labelled with the server its worker runs under: the pools of Daphne and
+    of uvicorn share a host's /metrics, and are told apart by that label alone."""
     worker = worker_factory()
     client = ChatClient(worker)
     try:
         before = metric_samples(worker)
-        events = client.ask("[scripted tokens=3 itl_ms=5]")
+        # 1.5 s between tokens: the answer is still open while /metrics is read.
+        stream = client.stream("[scripted tokens=3 itl_ms=1500]")
+        events = [next(stream), next(stream)]  # meta, and the first token
+        during = metric_samples(worker)
+        events.extend(stream)
         request_id = events[0].json()["request_id"]
         assert record_of(request_id).server == server_kind
         report = {
@@ -272,10 +276,19 @@ def test_the_stream_figures_name_the_server_that_streamed(worker_factory, server
         }
 
     direct = {"path": "direct", "engine": "scripted"}
+    open_now = {
+        dict(key).get("server"): value
+        for (sample, key), value in during.items()
+        if sample == "ai_streams_active" and direct.items() <= dict(key).items() and value
+    }
+    assert open_now == {server_kind: 1}
     assert servers_counted("ai_ttft_seconds_count", **direct, source="server") == {server_kind}
     assert servers_counted("ai_ttft_seconds_count", **direct, source="client") == {server_kind}
     assert servers_counted("ai_inter_token_seconds_count", **direct) == {server_kind}
     assert servers_counted("ai_streams_total", **direct, outcome="ok") == {server_kind}
+    assert servers_counted("ai_stream_duration_seconds_count", **direct, outcome="ok") == {
+        server_kind
+    }
 
 
 @pytest.mark.parametrize(

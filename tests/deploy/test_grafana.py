@@ -407,7 +407,9 @@ def test_panels_compute_what_they_say(promtool: str, tmp_path: Path) -> None:
 def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Path) -> None:
     """On one host's figures, with both pools' series side by side: Daphne's streams failed 5 %
     of the time and uvicorn's 1 %; Daphne's gaps all fell in (5, 10] ms and uvicorn's in
-    (10, 20] ms, so their P95s are 9.75 and 19.5 ms."""
+    (10, 20] ms, so their P95s are 9.75 and 19.5 ms; Daphne's two workers have 3 and 4 streams
+    open and uvicorn's one 5; Daphne's completed answers took (1, 2] s and uvicorn's (2, 4] s, so
+    their P95s are 1.95 and 3.9 s (a failed answer's duration is left out)."""
     labels = 'job="chatsite",instance="10.0.0.1:8001",path="direct",engine="scripted"'
     daphne, uvicorn = f'{labels},server="daphne"', f'{labels},server="uvicorn"'
     series = {
@@ -423,8 +425,22 @@ def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Pa
             series[f'ai_inter_token_seconds_bucket{{{server},le="{le}"}}'] = (
                 "0+100x20" if reached else "0+0x20"
             )
+    for server, port, streams in ((daphne, 8001, 3), (daphne, 8002, 4), (uvicorn, 8003, 5)):
+        worker = server.replace(":8001", f":{port}") + f',pid="{port}"'
+        series[f"ai_streams_active{{{worker}}}"] = f"{streams}+0x20"
+    for server, outcome, bucket in (
+        (daphne, "ok", "2"),
+        (uvicorn, "ok", "4"),
+        (uvicorn, "timeout", "1"),
+    ):
+        for le in ("1", "2", "4", "+Inf"):
+            reached = float(le) >= float(bucket)
+            name = f'ai_stream_duration_seconds_bucket{{{server},outcome="{outcome}",le="{le}"}}'
+            series[name] = "0+100x20" if reached else "0+0x20"
     failed = panel_query("Streams failed on the server's side, by server")
     gaps = panel_query("Inter-token latency P95 by server")
+    open_now = panel_query("Streams open by server")
+    duration = panel_query("Stream duration P95 by server (completed streams)")
     assert_panels_compute(
         promtool,
         tmp_path,
@@ -434,6 +450,10 @@ def test_the_servers_panels_tell_daphne_from_uvicorn(promtool: str, tmp_path: Pa
             (failed, '{server="uvicorn"}', 0.01),
             (gaps, '{server="daphne"}', 0.00975),
             (gaps, '{server="uvicorn"}', 0.0195),
+            (open_now, '{server="daphne"}', 7),
+            (open_now, '{server="uvicorn"}', 5),
+            (duration, '{server="daphne"}', 1.95),
+            (duration, '{server="uvicorn"}', 3.9),
         ],
     )
 
