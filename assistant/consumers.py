@@ -25,7 +25,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
-from assistant import errors, http, internals
+from assistant import csrf, errors, http, internals
 from assistant.errors import Rejected
 from assistant.services.answer import Answer
 from assistant.services.answer_start import answer_start
@@ -140,8 +140,9 @@ class ChatStreamConsumer(AsyncHttpConsumer):
     async def answer_or_refuse(self, body: bytes) -> None:
         # Method, content type and host were checked by the router (assistant.routing).
         scope = self.scope
-        request = http.asgi_request(scope, body)
-        rejected = http.csrf_error(request)
+        meta = csrf.request_meta(scope)
+        cookies = csrf.request_cookies(meta)
+        rejected = csrf.csrf_refusal(scope, body, meta, cookies)
         if rejected is not None:
             await self.send_error(rejected)
             return
@@ -149,8 +150,8 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         try:
             answer = await answer_start(
                 body=body,
-                session_key=http.session_key(request),
-                class_hint=http.class_hint(request),
+                session_key=http.session_key(cookies),
+                class_hint=http.class_hint(cookies),
                 client=scope_client(scope),
                 request_id=request_id,
                 serving_path=self.serving_path,

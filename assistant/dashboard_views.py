@@ -150,7 +150,7 @@ async def dashboard_events(request: HttpRequest) -> HttpResponseBase:
         window = _window(request)
     except Rejected as rejected:
         return http.api_error(rejected.error)
-    session_key = http.session_key(request)
+    session_key = http.session_key(request.COOKIES)
     assert session_key is not None  # staff_required: a logged-in user has a session
     snapshots = _snapshots(window, session_key=session_key)
     response = StreamingHttpResponse(snapshots, content_type="text/event-stream")

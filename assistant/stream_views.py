@@ -41,8 +41,8 @@ async def chat_stream(request: HttpRequest) -> HttpResponseBase:
     try:
         answer = await answer_start(
             body=request.body,
-            session_key=http.session_key(request),
-            class_hint=http.class_hint(request),
+            session_key=http.session_key(request.COOKIES),
+            class_hint=http.class_hint(request.COOKIES),
             client=scope_client(scope),
             request_id=request_id,
             serving_path=SERVING_PATH,

@@ -127,7 +127,8 @@ async def answers(app: Any, cookies: dict[str, str], count: int, concurrency: in
     """``count`` answers, ``concurrency`` at a time; how many tokens they held in all."""
     cookie = "; ".join(f"{key}={value}" for key, value in cookies.items()).encode()
     body = json.dumps({"message": "What is photosynthesis?"}).encode()
-    headers = [
+    headers = [  # as the page's fetch sends them
+        (b"origin", b"http://" + HOST),
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"cookie", cookie),
