@@ -164,9 +164,15 @@ def test_who_is_refused(daphne: LiveServer, key: str) -> None:
 
 def test_a_keys_probes_count_against_its_rate(daphne: LiveServer) -> None:
     _, key = key_create(name="slow", classroom=None, created_by=None, rate=2)
-    statuses = [probe(daphne, "frames=0", headers=bearer(key))[0] for _ in range(3)]
-    assert [r.status_code for r in statuses] == [200, 200, 429]
-    assert int(statuses[2].headers["retry-after"]) > 0
+    # Counted per minute: should the probes cross into the next one, at most four pass.
+    statuses = []
+    for _ in range(5):
+        response = probe(daphne, "frames=0", headers=bearer(key))[0]
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            break
+    assert statuses[-1] == 429 and 2 <= len(statuses) - 1 <= 4, statuses
+    assert int(response.headers["retry-after"]) > 0
 
 
 def test_a_caller_runs_four_probes_at_once(daphne: LiveServer, key: str) -> None:
