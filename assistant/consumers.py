@@ -27,6 +27,7 @@ from django.conf import settings
 
 from assistant import csrf, errors, http, internals
 from assistant.errors import Rejected
+from assistant.scope_headers import scope_cookies
 from assistant.services.answer import Answer
 from assistant.services.answer_start import answer_start
 from assistant.services.chat_request import request_id_choose
@@ -140,13 +141,12 @@ class ChatStreamConsumer(AsyncHttpConsumer):
     async def answer_or_refuse(self, body: bytes) -> None:
         # Method, content type and host were checked by the router (assistant.routing).
         scope = self.scope
-        meta = csrf.request_meta(scope)
-        cookies = csrf.request_cookies(meta)
-        rejected = csrf.csrf_refusal(scope, body, meta, cookies)
+        rejected = csrf.csrf_refusal(scope, body)
         if rejected is not None:
             await self.send_error(rejected)
             return
         request_id = request_id_choose(http.header(scope, b"x-request-id"))
+        cookies = scope_cookies(scope)
         try:
             answer = await answer_start(
                 body=body,

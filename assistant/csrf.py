@@ -11,15 +11,15 @@ and says True only where Django's check passes the same request. Anything else (
 than the site's own, HTTPS without an Origin, a form's token, ``CSRF_USE_SESSIONS``, a token
 missing, malformed or wrong) is False, and the caller runs Django's check, which gives the
 refusal and its reason: every refusal stays Django's. ``tests/assistant/test_csrf.py`` runs the
-two side by side on a range of requests, and checks ``request_meta`` against ``ASGIRequest``.
+two side by side on a range of requests. The headers and cookies are read as Django reads them
+(``scope_headers``).
 """
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from django.conf import settings
-from django.http.cookie import parse_cookie
 from django.middleware.csrf import (
     CSRF_ALLOWED_CHARS,
     CSRF_SECRET_LENGTH,
@@ -27,47 +27,16 @@ from django.middleware.csrf import (
 )
 
 from assistant import errors, http
+from assistant.scope_headers import scope_cookies, scope_meta
 
 #: Each character of a token and its place in ``CSRF_ALLOWED_CHARS`` (a masked token's key).
 _PLACE = {char: place for place, char in enumerate(CSRF_ALLOWED_CHARS)}
 
 
-def request_meta(scope: Mapping[str, Any]) -> dict[str, str]:
-    """The request's headers as ``ASGIRequest`` puts them in ``META``: ``HTTP_`` and the name in
-    capitals (``CONTENT_TYPE`` and ``CONTENT_LENGTH`` without), a name with an underscore left
-    out, repeated headers joined with commas, cookies with semicolons."""
-    meta: dict[str, str] = {}
-    cookies: list[str] = []
-    for raw_name, raw_value in scope.get("headers", ()):
-        name = raw_name.decode("latin-1")
-        if "_" in name:
-            continue
-        value = raw_value.decode("latin-1")
-        if name == "cookie":
-            cookies.append(value.rstrip("; "))
-            continue
-        if name == "content-type":
-            key = "CONTENT_TYPE"
-        elif name == "content-length":
-            key = "CONTENT_LENGTH"
-        else:
-            key = "HTTP_" + name.upper().replace("-", "_")
-        meta[key] = f"{meta[key]},{value}" if key in meta else value
-    if cookies:
-        meta["HTTP_COOKIE"] = "; ".join(cookies)
-    return meta
-
-
-def request_cookies(meta: Mapping[str, str]) -> dict[str, str]:
-    """The request's cookies, as ``request.COOKIES`` has them."""
-    return parse_cookie(meta.get("HTTP_COOKIE", ""))
-
-
-def csrf_passes(
-    scope: Mapping[str, Any], meta: Mapping[str, str], cookies: Mapping[str, str]
-) -> bool:
+def csrf_passes(scope: MutableMapping[str, Any]) -> bool:
     """True when Django's CSRF check (``http.csrf_error``) passes this POST with a JSON body to
     a view it protects; False when it may not (the caller then asks it)."""
+    meta = scope_meta(scope)
     if settings.CSRF_USE_SESSIONS or not http.is_json(meta.get("CONTENT_TYPE")):
         return False  # the secret is in the session, or a form's body may hold the token
     secure = http.scope_secure(scope)
@@ -79,17 +48,15 @@ def csrf_passes(
         host = _host(meta)
         if host is None or origin != f"{'https' if secure else 'http'}://{host}":
             return False  # another origin: Django looks at CSRF_TRUSTED_ORIGINS
-    secret = _secret(cookies.get(settings.CSRF_COOKIE_NAME))
+    secret = _secret(scope_cookies(scope).get(settings.CSRF_COOKIE_NAME))
     token = _secret(meta.get(settings.CSRF_HEADER_NAME))
     return secret is not None and token is not None and hmac.compare_digest(secret, token)
 
 
-def csrf_refusal(
-    scope: Mapping[str, Any], body: bytes, meta: Mapping[str, str], cookies: Mapping[str, str]
-) -> errors.ApiError | None:
+def csrf_refusal(scope: MutableMapping[str, Any], body: bytes) -> errors.ApiError | None:
     """Why the CSRF check refuses this request, or None when it passes: at once for the page's
     own questions (``csrf_passes``), else Django's check on a request built for it."""
-    if csrf_passes(scope, meta, cookies):
+    if csrf_passes(scope):
         return None
     return http.csrf_error(http.asgi_request(scope, body))
 

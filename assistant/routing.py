@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from django.conf import settings
-from django.http.cookie import parse_cookie
 
 from assistant import errors, http
 from assistant.i18n import scope_translation
+from assistant.scope_headers import scope_cookies
 from assistant.services.serving_refresh import split_current
 from assistant.services.timings import RECEIVED_KEY, now
 from assistant.transport import CONNECTION_KEY, client_connection
@@ -28,10 +28,7 @@ STREAM_PREFIX = "/api/chat/stream"
 
 def session_cookie(scope: Scope) -> str | None:
     """The session key from the request's cookies, parsed as Django parses them."""
-    cookies = [
-        value.decode("latin-1") for key, value in scope.get("headers", ()) if key == b"cookie"
-    ]
-    return parse_cookie("; ".join(cookies)).get(settings.SESSION_COOKIE_NAME) or None
+    return http.session_key(scope_cookies(scope))
 
 
 class ChatStreamRouter:

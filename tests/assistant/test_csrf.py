@@ -15,6 +15,7 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
 
 from assistant import csrf, http
+from assistant.scope_headers import scope_cookies, scope_meta
 
 SECRET = _get_new_csrf_string()
 OTHER = _get_new_csrf_string()
@@ -87,8 +88,7 @@ def scope_of(
 
 def verdicts(scope: dict[str, Any], body: bytes = b"{}") -> tuple[bool, bool]:
     """(the quick verdict, Django's) on ``scope``."""
-    meta = csrf.request_meta(scope)
-    quick = csrf.csrf_passes(scope, meta, csrf.request_cookies(meta))
+    quick = csrf.csrf_passes(scope)
     django = http.csrf_error(http.asgi_request(scope, body)) is None
     return quick, django
 
@@ -196,12 +196,11 @@ def test_a_form_body_and_odd_headers_are_left_to_django(settings: Any) -> None:
     )
     assert verdicts(underscore) == (False, False)
     settings.CSRF_USE_SESSIONS = True
-    meta = csrf.request_meta(scope_of(token=SECRET, cookie=SECRET, origin=None))
-    assert csrf.csrf_passes({}, meta, csrf.request_cookies(meta)) is False
+    assert csrf.csrf_passes(scope_of(token=SECRET, cookie=SECRET, origin=None)) is False
 
 
 def test_headers_and_cookies_read_as_django_reads_them() -> None:
-    """``request_meta`` and ``request_cookies`` against ``ASGIRequest``: repeated headers,
+    """``scope_meta`` and ``scope_cookies`` against ``ASGIRequest``: repeated headers,
     repeated cookie headers, a cookie header ending in "; ", an underscore, odd bytes."""
     scope = scope_of(
         token=SECRET,
@@ -216,10 +215,10 @@ def test_headers_and_cookies_read_as_django_reads_them() -> None:
         ],
     )
     request = http.asgi_request(scope, b"{}")
-    meta = csrf.request_meta(scope)
+    meta = scope_meta(scope)
     headers = {
         k: v for k, v in request.META.items() if k.startswith("HTTP_") or k.startswith("CONTENT_")
     }
     assert meta == headers
-    assert csrf.request_cookies(meta) == request.COOKIES
+    assert scope_cookies(scope) == request.COOKIES
     assert meta["HTTP_ORIGIN"] == "http://a.example,http://b.example"

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polib
 import pytest
@@ -59,6 +60,15 @@ def test_stream_language_is_the_one_the_pages_pick(accept: str, cookie: str | No
     if cookie is not None:
         scope_headers.append((b"cookie", f"csrftoken=x; django_language={cookie}".encode()))
     assert scope_language({"headers": scope_headers}) == expected
+
+
+def test_the_stream_language_follows_a_changed_setting(settings: Any) -> None:
+    """The language picked for a cookie and an Accept-Language is remembered, and forgotten
+    when the site's languages change."""
+    scope_headers = [(b"accept-language", ZH_BROWSER.encode())]
+    assert scope_language({"headers": list(scope_headers)}) == "zh-hans"
+    settings.LANGUAGES = [("en", "English")]
+    assert scope_language({"headers": list(scope_headers)}) == "en"
 
 
 def test_a_chinese_browser_gets_the_chinese_page() -> None:
