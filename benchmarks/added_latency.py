@@ -183,8 +183,8 @@ def build_request(
     ]
     if cookies:
         lines.append(f"Cookie: {cookies}")
-    if token:
-        lines.append(f"X-CSRFToken: {token}")
+    if token:  # a browser's question: its page's origin too, as a fetch sends it
+        lines += [f"X-CSRFToken: {token}", f"Origin: http://127.0.0.1:{port}"]
     if key:
         lines.append(f"Authorization: Bearer {key}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
