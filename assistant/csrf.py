@@ -16,7 +16,7 @@ two side by side on a range of requests. The headers and cookies are read as Dja
 """
 
 import hmac
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 from django.conf import settings
@@ -45,8 +45,10 @@ def csrf_passes(scope: MutableMapping[str, Any]) -> bool:
         if secure:
             return False  # HTTPS without an Origin: Django checks the Referer
     else:
-        host = _host(meta)
-        if host is None or origin != f"{'https' if secure else 'http'}://{host}":
+        host = http.header_host(scope)
+        if host is None or not http.allowed_host(host):
+            return False  # Django's get_host() would make one up, or refuse it
+        if origin != f"{'https' if secure else 'http'}://{host}":
             return False  # another origin: Django looks at CSRF_TRUSTED_ORIGINS
     secret = _secret(scope_cookies(scope).get(settings.CSRF_COOKIE_NAME))
     token = _secret(meta.get(settings.CSRF_HEADER_NAME))
@@ -59,20 +61,6 @@ def csrf_refusal(scope: MutableMapping[str, Any], body: bytes) -> errors.ApiErro
     if csrf_passes(scope):
         return None
     return http.csrf_error(http.asgi_request(scope, body))
-
-
-def _host(meta: Mapping[str, str]) -> str | None:
-    """``request.get_host()`` from the Host header (or X-Forwarded-Host, where trusted); None
-    when it would raise, or when the request has neither header (Django then makes one up from
-    the server's address: left to it)."""
-    host = None
-    if settings.USE_X_FORWARDED_HOST:
-        host = meta.get("HTTP_X_FORWARDED_HOST")
-    if host is None:
-        host = meta.get("HTTP_HOST")
-    if host is None or not http.allowed_host(host):
-        return None
-    return host
 
 
 def _secret(token: str | None) -> str | None:

@@ -18,6 +18,7 @@ from django.utils.csp import CSP, build_policy
 
 from assistant import errors, metrics
 from assistant.internals import CsrfCheck as _CsrfCheck
+from assistant.scope_headers import scope_meta
 from assistant.services.classrooms import CLASS_COOKIE
 
 type Headers = list[tuple[bytes, bytes]]
@@ -70,15 +71,20 @@ def declared_length(scope: Any) -> int:
 def host_allowed(scope: Any) -> bool:
     """``HttpRequest.get_host()``'s verdict, without building a request: the Host header (or
     X-Forwarded-Host where trusted) against ALLOWED_HOSTS, with DEBUG's local defaults."""
-    host = None
-    if settings.USE_X_FORWARDED_HOST:
-        host = header(scope, b"x-forwarded-host")
-    if host is None:
-        host = header(scope, b"host")
+    host = header_host(scope)
     if host is None:
         server = scope.get("server") or ("", None)
         host = f"{server[0]}:{server[1]}" if server[1] else str(server[0])
     return allowed_host(host)
+
+
+def header_host(scope: Any) -> str | None:
+    """The host the request names, as ``get_host()`` reads it before checking it: its
+    X-Forwarded-Host where trusted (``USE_X_FORWARDED_HOST``), else its Host; None when it has
+    neither (Django then makes one up from the server's address)."""
+    meta = scope_meta(scope)
+    host = meta.get("HTTP_X_FORWARDED_HOST") if settings.USE_X_FORWARDED_HOST else None
+    return meta.get("HTTP_HOST") if host is None else host
 
 
 @functools.lru_cache(maxsize=64)
