@@ -74,6 +74,9 @@ class Asking:
     prompt: Callable[[list[ChatMessage], ClassContext | None], list[ChatMessage]]
     #: Synchronous: the asker, for the record of a refused stream (the empty owner: unknown).
     owner: Callable[[], Identity]
+    #: ``admit``'s answer where it needs no I/O, tried on the event loop first (no trip to a
+    #: thread); None from it: ``admit`` on a database thread.
+    admit_now: Callable[[], tuple[Identity, SlotTry, list[ChatMessage]] | None] | None = None
     #: The sampling, from the engine alias's and the class's.
     sampling: Callable[[GenerationParams, ClassContext | None], GenerationParams] = generation_for
     frames: Frames = SITE_FRAMES
@@ -236,6 +239,22 @@ def _engine_start(
     return EngineStream(deltas, asyncio.ensure_future(anext(deltas)) if ask_now else None)
 
 
+def _admission(asking: Asking) -> asyncio.Future[Any]:
+    """``asking``'s admission: known at once where ``admit_now`` can tell, else ``admit`` on a
+    database thread (a future either way, which may hold a refusal)."""
+    if asking.admit_now is not None:
+        known = asyncio.get_running_loop().create_future()
+        try:
+            result = asking.admit_now()
+        except Exception as exc:
+            known.set_exception(exc)
+            return known
+        if result is not None:
+            known.set_result(result)
+            return known
+    return asyncio.ensure_future(run_db(asking.admit))
+
+
 async def _asker(
     found: asyncio.Future[Any], *, request_id: str
 ) -> tuple[Identity, list[ChatMessage]]:
@@ -288,7 +307,7 @@ async def _answer_open(
     source: EngineStream | None = None
     found: asyncio.Future[Any] | None = None
     try:
-        found = asyncio.ensure_future(run_db(asking.admit))
+        found = _admission(asking)
         if seat is not None and asking.conversation_id is None:
             source = _engine_start(engine, asking, [], guess, timings, ask_now=True)
         identity, history = await _asker(found, request_id=request_id)

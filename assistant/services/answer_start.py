@@ -14,7 +14,7 @@ from django.conf import settings
 from assistant import errors
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
-from assistant.services.admission import SlotTry, chat_admit, chat_release
+from assistant.services.admission import SlotTry, cache_in_process, chat_admit, chat_release
 from assistant.services.answer import Answer
 from assistant.services.answer_open import Asking, answer_begin, request_id_check
 from assistant.services.chat_request import ChatTurn, ClassShown, chat_turn_parse
@@ -27,7 +27,12 @@ from assistant.services.classrooms import (
     system_prompt,
 )
 from assistant.services.conversations import conversation_history
-from assistant.services.identity import Identity, identity_required, identity_resolve
+from assistant.services.identity import (
+    Identity,
+    identity_in_memory,
+    identity_required,
+    identity_resolve,
+)
 from assistant.services.serving_state import engine_alias_for
 from assistant.services.timings import StreamTimings
 
@@ -63,6 +68,7 @@ async def answer_start(
         conversation_id=turn.conversation_id,
         replaces=turn.replaces,
         admit=functools.partial(_page_admitted, session_key, turn, request_id),
+        admit_now=functools.partial(_page_admitted_now, session_key, turn, request_id),
         prompt=functools.partial(_messages, turn.message),
         owner=functools.partial(identity_resolve, session_key),
     )
@@ -88,6 +94,20 @@ def _page_admitted(
     return identity, slot, []
 
 
+def _page_admitted_now(
+    session_key: str, turn: ChatTurn, request_id: str
+) -> tuple[Identity, SlotTry, list[ChatMessage]] | None:
+    """``_page_admitted`` on the event loop, where nothing it reads needs I/O: a new
+    conversation, the session known from memory (``identity_in_memory``) and the rate and
+    stream slots counted in this process's memory. None: admit on a database thread."""
+    if turn.conversation_id is not None or not cache_in_process():
+        return None
+    identity = identity_in_memory(session_key)
+    if identity is None:
+        return None
+    return identity, _admitted(identity, request_id, turn.shown), []
+
+
 def _messages(
     question: str, history: list[ChatMessage], classroom: ClassContext | None
 ) -> list[ChatMessage]:
@@ -103,14 +123,19 @@ def _identity_admitted(
     ``class_paused``) and the one their page showed (409 ``class_changed``), if their rate
     allows another stream (else ``Rejected``, 429), and what the try for a stream slot found."""
     identity = identity_required(session_key)
+    return identity, _admitted(identity, request_id, shown)
+
+
+def _admitted(identity: Identity, request_id: str, shown: ClassShown) -> SlotTry:
+    """Whether ``identity``'s class is open and the one their page showed, and their rate and
+    stream slot (``_identity_admitted``)."""
     class_paused_check(identity.classroom)
     class_shown_check(shown, identity.classroom)
-    slot = chat_admit(
+    return chat_admit(
         owner_key=identity.owner_key,
         request_id=request_id,
         rate=chat_rate_for(identity.classroom),
     )
-    return identity, slot
 
 
 def _identity_and_history(

@@ -3,6 +3,8 @@
 Views get ``request.user`` and ``request.session`` from Django's middleware; the streaming
 consumer runs without that stack and resolves the same identity here, with Django's own session
 store and ``get_user`` (which checks the session's auth hash), in one trip to a worker thread.
+Where the sessions' cache is this process's memory, an anonymous session found in it, and of no
+class, is known on the event loop without that trip (``identity_in_memory``).
 
 Sessions are issued by the page (``session_issue``), a limited number per client address and
 minute. Nothing else creates one: a stream without a live session is refused
@@ -19,13 +21,15 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user
+from django.contrib.auth import SESSION_KEY, get_user
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 from django.http import HttpRequest
 from django.utils.crypto import salted_hmac
 
 from assistant import errors
 from assistant.errors import Rejected
-from assistant.services.classrooms import ClassContext, session_class
+from assistant.services.classrooms import SESSION_CLASS, ClassContext, session_class
 from assistant.services.ratelimit import rate_limit_hit
 
 
@@ -103,6 +107,25 @@ def identity_resolve(session_key: str | None) -> Identity:
     return Identity(
         owner_key=owner_key_for(user, session.session_key), classroom=session_class(session)
     )
+
+
+def identity_in_memory(session_key: str) -> Identity | None:
+    """``identity_resolve``'s answer where it needs no I/O, so no trip to a thread: the session
+    store keeps its sessions in a cache (Django's ``cached_db`` or ``cache``) that is this
+    process's memory, the session is in it, nobody is logged in on it and it names no class.
+    None otherwise (a user or a class is read from the database, a session missing from the
+    cache is looked for there): ask ``identity_resolve`` on a database thread."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    prefix = getattr(store, "cache_key_prefix", None)
+    if prefix is None or store.session_key is None:
+        return None
+    sessions = caches[settings.SESSION_CACHE_ALIAS]
+    if not isinstance(sessions, LocMemCache):
+        return None
+    data = sessions.get(prefix + store.session_key)
+    if data is None or SESSION_KEY in data or data.get(SESSION_CLASS):
+        return None
+    return Identity(owner_key=owner_key_for(None, store.session_key))
 
 
 def identity_required(session_key: str | None) -> Identity:

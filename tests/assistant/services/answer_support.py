@@ -166,9 +166,14 @@ class Harness:
     def owner_key(self) -> str:
         return f"session:{session_pseudonym(self.session_key)}"
 
-    async def start(self, question: str, *, path: str = "direct") -> Answer:
+    async def start(
+        self, question: str, *, path: str = "direct", conversation: uuid.UUID | None = None
+    ) -> Answer:
+        asked: dict[str, str] = {"message": question}
+        if conversation is not None:
+            asked["conversation"] = str(conversation)
         answer = await answer_start(
-            body=json.dumps({"message": question}).encode(),
+            body=json.dumps(asked).encode(),
             session_key=self.session_key,
             class_hint=None,
             client=CLIENT,

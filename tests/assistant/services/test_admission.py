@@ -11,9 +11,10 @@ import redis
 
 from assistant import errors
 from assistant.errors import Rejected
-from assistant.services import stream_slots
+from assistant.services import answer_open, stream_slots
 from assistant.services.admission import chat_admit, chat_slot_take
 from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, slot_store
+from tests.assistant.services.answer_support import Harness, Live, question
 from tests.support import REDIS_URL
 
 
@@ -104,3 +105,33 @@ def test_on_redis_a_question_is_admitted_in_one_command(
 def command_calls(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("set", "evalsha")}
+
+
+async def test_a_new_question_is_admitted_on_the_loop_and_a_follow_up_on_a_thread(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local profile: a page session in this process's memory needs no trip to a database
+    thread to ask something new (its rate and slot are counted all the same); continuing a
+    conversation reads its history there."""
+    hops: list[str] = []
+    real = answer_open.run_db
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "func", func).__name__)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(answer_open, "run_db", counted)
+    first = await harness.start(question("new", tokens=2))
+    assert (first.identity.owner_key, hops) == (harness.owner_key, [])
+    # Its slot is held, as a thread's admission holds it: the session's one is taken.
+    assert slot_store().take(harness.owner_key, "another", limit=1, ttl_s=60).holders == (
+        first.request_id,
+    )
+    await harness.ended(harness.run(first, Live()))
+
+    again = await harness.start(
+        question("again", tokens=2), conversation=first.exchange.conversation_id
+    )
+    assert again.identity == first.identity
+    assert hops == ["_page_admitted"]
+    await harness.ended(harness.run(again, Live()))

@@ -1,13 +1,19 @@
 """Who owns a conversation, resolved from the session cookie as Django's middleware would; and
 the page's sessions, the only ones there are, issued a limited number per address."""
 
+import uuid
+from pathlib import Path
+
 import pytest
 from django.contrib.auth.models import User
-from django.contrib.sessions.backends.cached_db import SessionStore
+from django.contrib.sessions.backends.cached_db import KEY_PREFIX, SessionStore
+from django.core.cache import caches
 from django.test import Client, override_settings
 
 from assistant.errors import Rejected
+from assistant.services.classrooms import SESSION_CLASS
 from assistant.services.identity import (
+    identity_in_memory,
     identity_required,
     identity_resolve,
     session_issue,
@@ -37,20 +43,24 @@ def test_the_page_session_is_reused() -> None:
     assert identity_required(key).owner_key == f"session:{session_pseudonym(key)}"
 
 
-def test_logged_in_user_owns_by_user_id() -> None:
-    user = User.objects.create_user("ada", password="pw-12345-long")
+def _logged_in(name: str) -> tuple[User, str]:
+    """A user logged in through Django's test client, and their session's key."""
+    user = User.objects.create_user(name, password="pw-12345-long")
     client = Client()
     client.force_login(user)
-    identity = identity_resolve(client.session.session_key)
-    assert identity.owner_key == f"user:{user.pk}"
+    key = client.session.session_key
+    assert key is not None
+    return user, key
+
+
+def test_logged_in_user_owns_by_user_id() -> None:
+    user, key = _logged_in("ada")
+    assert identity_resolve(key).owner_key == f"user:{user.pk}"
 
 
 def test_session_of_a_changed_password_is_not_trusted() -> None:
     """Django's session hash check applies: after a password change the old session is gone."""
-    user = User.objects.create_user("bob", password="pw-12345-long")
-    client = Client()
-    client.force_login(user)
-    key = client.session.session_key
+    user, key = _logged_in("bob")
     user.set_password("another-pw-67890")
     user.save()
     assert identity_resolve(key).owner_key == ""
@@ -68,3 +78,61 @@ def test_new_sessions_are_limited_per_address_and_existing_ones_are_not() -> Non
     assert session_issue(SessionStore(), client="198.51.100.4")
     again = SessionStore(issued[0].session_key)
     assert session_issue(again, client="203.0.113.9") is False
+
+
+def _page_session() -> str:
+    client = Client()
+    client.get("/")
+    key = client.session.session_key
+    assert key is not None
+    return key
+
+
+def test_a_page_session_in_memory_is_known_as_the_database_thread_knows_it(
+    django_assert_num_queries,
+) -> None:
+    key = _page_session()
+    with django_assert_num_queries(0):
+        known = identity_in_memory(key)
+    assert known is not None
+    assert known == identity_resolve(key)
+    assert known.owner_key == f"session:{session_pseudonym(key)}"
+
+
+def test_what_memory_cannot_tell_is_left_to_the_database_thread() -> None:
+    user, logged_in = _logged_in("cy")
+    assert identity_in_memory(logged_in) is None
+    assert identity_resolve(logged_in).owner_key == f"user:{user.pk}"
+
+    of_a_class = SessionStore(_page_session())
+    of_a_class[SESSION_CLASS] = str(uuid.uuid4())
+    of_a_class.save()
+    assert of_a_class.session_key is not None
+    assert identity_in_memory(of_a_class.session_key) is None
+
+    # Gone from the cache, still in the database: the thread finds it, memory cannot.
+    evicted = _page_session()
+    caches["default"].delete(KEY_PREFIX + evicted)
+    assert identity_in_memory(evicted) is None
+    assert identity_resolve(evicted).owner_key == f"session:{session_pseudonym(evicted)}"
+
+    assert identity_in_memory("x" * 32) is None
+    assert identity_in_memory("short") is None
+
+
+def test_sessions_outside_this_process_memory_are_never_read_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    with override_settings(SESSION_ENGINE="django.contrib.sessions.backends.db"):
+        assert identity_in_memory(_page_session()) is None
+    on_disk = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "sessions": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(tmp_path),
+        },
+    }
+    with override_settings(CACHES=on_disk, SESSION_CACHE_ALIAS="sessions"):
+        key = _page_session()
+        assert identity_resolve(key).owner_key  # the session is there, in the file cache
+        assert identity_in_memory(key) is None
