@@ -6,15 +6,17 @@ the wire format, never in this order of work.
 
 The order of work is the product: a new conversation needs nothing from the database before the
 model can start, so (with a seat free on the engine) the engine is started first, on a guess of
-the asker's class (the class cookie, or the key's last read in this process), and the asker is
-admitted on a database thread while it works; a guess the read disagrees with is closed before
-any token is sent. A continued conversation needs its history first: one read, then the engine.
+the asker's class (the class cookie, or the key's last read in this process), its first step
+going out at once, and the asker is admitted while it works: on a database thread, or on the
+loop where nothing that admission reads needs I/O (``Asking.admit_now``). A guess the read
+disagrees with is closed before any token is sent. A continued conversation needs its history
+first: one read, then the engine.
 """
 
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ from assistant.db import run_db
 from assistant.engines import (
     BaseEngine,
     ChatMessage,
+    Delta,
     EngineBusy,
     EngineUnavailable,
     GenerationParams,
@@ -236,7 +239,16 @@ def _engine_start(
     messages = asking.prompt(history, classroom)
     deltas = engine.stream(messages, asking.sampling(engine.generation, classroom))
     timings.engine_submitted = now()
-    return EngineStream(deltas, asyncio.ensure_future(anext(deltas)) if ask_now else None)
+    if not ask_now:
+        return EngineStream(deltas)
+    # Started eagerly: the engine's first step (its request sent, its wait begun) runs now,
+    # not at the loop's next turn, behind the asker's admission and whatever else is queued.
+    first = asyncio.Task(_first_delta(deltas), loop=asyncio.get_running_loop(), eager_start=True)
+    return EngineStream(deltas, first)
+
+
+async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta:
+    return await anext(deltas)
 
 
 def _admission(asking: Asking) -> asyncio.Future[Any]:
@@ -307,9 +319,9 @@ async def _answer_open(
     source: EngineStream | None = None
     found: asyncio.Future[Any] | None = None
     try:
-        found = _admission(asking)
         if seat is not None and asking.conversation_id is None:
             source = _engine_start(engine, asking, [], guess, timings, ask_now=True)
+        found = _admission(asking)
         identity, history = await _asker(found, request_id=request_id)
         classroom = identity.classroom
         # The engine started on the class the asker is in, as stored now (or on none)?

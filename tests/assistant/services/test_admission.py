@@ -4,17 +4,19 @@ production profile's cache and slots in the real Redis at 127.0.0.1:6379 (under 
 each test's own)."""
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import redis
 
 from assistant import errors
+from assistant.engines import get_engine
 from assistant.errors import Rejected
-from assistant.services import answer_open, stream_slots
+from assistant.services import answer_open, answer_start, stream_slots
 from assistant.services.admission import chat_admit, chat_slot_take
 from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, slot_store
-from tests.assistant.services.answer_support import Harness, Live, question
+from tests.assistant.services.answer_support import ALIAS, Harness, Live, question
 from tests.support import REDIS_URL
 
 
@@ -135,3 +137,30 @@ async def test_a_new_question_is_admitted_on_the_loop_and_a_follow_up_on_a_threa
     assert again.identity == first.identity
     assert hops == ["_page_admitted"]
     await harness.ended(harness.run(again, Live()))
+
+
+async def test_the_engines_first_step_goes_out_before_the_asker_is_admitted(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new conversation's engine starts first and works while the asker is read, whether the
+    admission is on a thread or, as here, on the loop: its first step is not queued behind it."""
+    order: list[str] = []
+    engine = get_engine(ALIAS)
+    real_stream = engine.stream
+
+    async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        order.append("engine")
+        async for delta in real_stream(*args, **kwargs):
+            yield delta
+
+    real_identity = answer_start.identity_in_memory
+
+    def identity(session_key: str) -> Any:
+        order.append("admission")
+        return real_identity(session_key)
+
+    monkeypatch.setattr(engine, "stream", stream)
+    monkeypatch.setattr(answer_start, "identity_in_memory", identity)
+    answer = await harness.start(question("first step", tokens=2))
+    assert order == ["engine", "admission"]
+    await harness.ended(harness.run(answer, Live()))
