@@ -110,7 +110,7 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
 
 
 async def test_a_new_question_is_admitted_on_the_loop_and_a_follow_up_on_a_thread(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
+    local_memory: None, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The local profile: a page session in this process's memory needs no trip to a database
     thread to ask something new (its rate and slot are counted all the same); continuing a
@@ -124,23 +124,23 @@ async def test_a_new_question_is_admitted_on_the_loop_and_a_follow_up_on_a_threa
 
     monkeypatch.setattr(answer_open, "run_db", counted)
     first = await harness.start(question("new", tokens=2))
-    assert (first.identity.owner_key, hops) == (harness.owner_key, [])
+    hops_first = list(hops)
     # Its slot is held, as a thread's admission holds it: the session's one is taken.
-    assert slot_store().take(harness.owner_key, "another", limit=1, ttl_s=60).holders == (
-        first.request_id,
-    )
+    holders = slot_store().take(harness.owner_key, "another", limit=1, ttl_s=60).holders
     await harness.ended(harness.run(first, Live()))
+    assert (first.identity.owner_key, hops_first) == (harness.owner_key, [])
+    assert holders == (first.request_id,)
 
     again = await harness.start(
         question("again", tokens=2), conversation=first.exchange.conversation_id
     )
+    await harness.ended(harness.run(again, Live()))
     assert again.identity == first.identity
     assert hops == ["_page_admitted"]
-    await harness.ended(harness.run(again, Live()))
 
 
 async def test_the_engines_first_step_goes_out_before_the_asker_is_admitted(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
+    local_memory: None, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new conversation's engine starts first and works while the asker is read, whether the
     admission is on a thread or, as here, on the loop: its first step is not queued behind it."""
@@ -162,5 +162,6 @@ async def test_the_engines_first_step_goes_out_before_the_asker_is_admitted(
     monkeypatch.setattr(engine, "stream", stream)
     monkeypatch.setattr(answer_start, "identity_in_memory", identity)
     answer = await harness.start(question("first step", tokens=2))
-    assert order == ["engine", "admission"]
+    seen = list(order)
     await harness.ended(harness.run(answer, Live()))
+    assert seen == ["engine", "admission"]

@@ -3,6 +3,7 @@ the page's sessions, the only ones there are, issued a limited number per addres
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -89,7 +90,7 @@ def _page_session() -> str:
 
 
 def test_a_page_session_in_memory_is_known_as_the_database_thread_knows_it(
-    django_assert_num_queries,
+    local_memory: None, django_assert_num_queries: Any
 ) -> None:
     key = _page_session()
     with django_assert_num_queries(0):
@@ -99,7 +100,7 @@ def test_a_page_session_in_memory_is_known_as_the_database_thread_knows_it(
     assert known.owner_key == f"session:{session_pseudonym(key)}"
 
 
-def test_what_memory_cannot_tell_is_left_to_the_database_thread() -> None:
+def test_what_memory_cannot_tell_is_left_to_the_database_thread(local_memory: None) -> None:
     user, logged_in = _logged_in("cy")
     assert identity_in_memory(logged_in) is None
     assert identity_resolve(logged_in).owner_key == f"user:{user.pk}"
@@ -121,7 +122,7 @@ def test_what_memory_cannot_tell_is_left_to_the_database_thread() -> None:
 
 
 def test_sessions_outside_this_process_memory_are_never_read_on_the_loop(
-    tmp_path: Path,
+    local_memory: None, tmp_path: Path
 ) -> None:
     with override_settings(SESSION_ENGINE="django.contrib.sessions.backends.db"):
         assert identity_in_memory(_page_session()) is None
