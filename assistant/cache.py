@@ -20,12 +20,20 @@ pool.
 
 ``count_hit`` is a rate limit's count in one round trip (``services/ratelimit.py``), where
 Django's ``add`` and ``incr`` take three (``SET NX``, ``EXISTS``, ``INCRBY``).
+
+The local profile's cache is this process's memory (Django's ``LocMemCache``): there
+``in_process_cache`` gives one cache object for the process, which code on the event loop uses
+instead of a cache object per task and a lookup through ``django.core.cache.cache`` per call.
 """
 
+import functools
 import threading
 from typing import Any
 
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache.backends.locmem import LocMemCache
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
+from django.core.signals import setting_changed
 from django.utils.functional import cached_property
 
 
@@ -106,3 +114,25 @@ class SharedRedisCache(RedisCache):
                 if client is None:
                     client = _clients[key] = self._class(self._servers, **self._options)
         return client
+
+
+@functools.cache
+def in_process_cache(alias: str = DEFAULT_CACHE_ALIAS) -> LocMemCache | None:
+    """Cache ``alias`` where it is this process's memory (calls cost microseconds and need no
+    thread), else None; worked out once until the settings change.
+
+    One object serves the whole process: Django's local-memory caches of one location share
+    their data and their lock, so it reads and counts what ``caches[alias]`` does in any
+    thread or task, without ``caches`` making an object for each task on the event loop (each
+    task's context is its own) and ``django.core.cache.cache`` looking it up again on every
+    call."""
+    made = caches.create_connection(alias)
+    return made if isinstance(made, LocMemCache) else None
+
+
+def _forget_in_process_caches(*, setting: str, **kwargs: object) -> None:
+    if setting == "CACHES":
+        in_process_cache.cache_clear()
+
+
+setting_changed.connect(_forget_in_process_caches)

@@ -8,16 +8,13 @@ Synchronous: call through ``assistant.db.run_db``.
 """
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 
 from django.conf import settings
-from django.core.cache.backends.locmem import LocMemCache
-from django.core.signals import setting_changed
-from django.utils.module_loading import import_string
 
 from assistant import errors
+from assistant.cache import in_process_cache
 from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.answer_registry import answer_preempt
@@ -90,20 +87,10 @@ def chat_slot_take(*, owner_key: str, request_id: str) -> SlotTry:
     return store.take(owner_key, request_id, limit=limit, ttl_s=SLOT_TTL_S)
 
 
-@functools.cache
 def cache_in_process() -> bool:
-    """The cache is this process's memory: calls cost microseconds and need no thread. Read from
-    the settings (``caches`` on the event loop makes a cache object for each task:
-    ``assistant.db.run_cache``), once until they change."""
-    return issubclass(import_string(settings.CACHES["default"]["BACKEND"]), LocMemCache)
-
-
-def _forget_cache_kind(*, setting: str, **kwargs: object) -> None:
-    if setting == "CACHES":
-        cache_in_process.cache_clear()
-
-
-setting_changed.connect(_forget_cache_kind)
+    """The cache is this process's memory: calls cost microseconds and need no thread
+    (``assistant.cache.in_process_cache``)."""
+    return in_process_cache() is not None
 
 
 def chat_release(*, owner_key: str, request_id: str) -> None:

@@ -15,6 +15,9 @@ the key itself: owner keys are stored, listed in the admin and searched, and a s
 would work as the student's cookie for whoever read it.
 """
 
+import functools
+import hashlib
+import hmac
 import uuid
 from dataclasses import dataclass
 from importlib import import_module
@@ -22,12 +25,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user
-from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
+from django.core.signals import setting_changed
 from django.http import HttpRequest
-from django.utils.crypto import salted_hmac
 
 from assistant import errors
+from assistant.cache import in_process_cache
 from assistant.errors import Rejected
 from assistant.services.classrooms import SESSION_CLASS, ClassContext, session_class
 from assistant.services.ratelimit import rate_limit_hit
@@ -52,8 +55,15 @@ OWNER_SALT = "chatsite.identity.owner-key"
 
 def session_pseudonym(session_key: str) -> str:
     """A name for a session that cannot be used as one: HMAC-SHA256 of its key under the
-    site's secret key, 64 hex digits."""
-    return salted_hmac(OWNER_SALT, session_key, algorithm="sha256").hexdigest()
+    site's secret key, 64 hex digits (Django's ``salted_hmac(OWNER_SALT, session_key,
+    algorithm="sha256")``, with its key worked out once per secret key)."""
+    return hmac.digest(_owner_hmac_key(settings.SECRET_KEY), session_key.encode(), "sha256").hex()
+
+
+@functools.lru_cache(maxsize=4)
+def _owner_hmac_key(secret: str) -> bytes:
+    """``salted_hmac``'s key for ``OWNER_SALT`` under ``secret``: SHA-256 of the two."""
+    return hashlib.sha256((OWNER_SALT + secret).encode()).digest()
 
 
 def owner_key_for(user: Any, session_key: str | None) -> str:
@@ -115,17 +125,36 @@ def identity_in_memory(session_key: str) -> Identity | None:
     process's memory, the session is in it, nobody is logged in on it and it names no class.
     None otherwise (a user or a class is read from the database, a session missing from the
     cache is looked for there): ask ``identity_resolve`` on a database thread."""
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    prefix = getattr(store, "cache_key_prefix", None)
-    if prefix is None or store.session_key is None:
+    found = _sessions_in_memory()
+    # The store's own check of a key (``SessionBase._validate_session_key``): an invalid one is
+    # no session, which the thread's answer says.
+    if found is None or len(session_key) < 8:
         return None
-    sessions = caches[settings.SESSION_CACHE_ALIAS]
-    if not isinstance(sessions, LocMemCache):
-        return None
-    data = sessions.get(prefix + store.session_key)
+    prefix, sessions = found
+    data = sessions.get(prefix + session_key)
     if data is None or SESSION_KEY in data or data.get(SESSION_CLASS):
         return None
-    return Identity(owner_key=owner_key_for(None, store.session_key))
+    return Identity(owner_key=owner_key_for(None, session_key))
+
+
+@functools.cache
+def _sessions_in_memory() -> tuple[str, LocMemCache] | None:
+    """The session store's cache key prefix and its cache, where it keeps its sessions in a
+    cache that is this process's memory (``assistant.cache.in_process_cache``); None
+    otherwise. Worked out once until the settings change."""
+    prefix = getattr(import_module(settings.SESSION_ENGINE).SessionStore, "cache_key_prefix", None)
+    sessions = in_process_cache(settings.SESSION_CACHE_ALIAS)
+    if prefix is None or sessions is None:
+        return None
+    return prefix, sessions
+
+
+def _forget_sessions_in_memory(*, setting: str, **kwargs: object) -> None:
+    if setting in ("SESSION_ENGINE", "SESSION_CACHE_ALIAS", "CACHES"):
+        _sessions_in_memory.cache_clear()
+
+
+setting_changed.connect(_forget_sessions_in_memory)
 
 
 def identity_required(session_key: str | None) -> Identity:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from django.core.cache import cache
 
+from assistant.cache import in_process_cache
+
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -32,15 +34,17 @@ def rate_window(*, scope: str, key: str, window_s: int) -> Window:
 def counter_hit(cache_key: str, *, timeout: float) -> int:
     """Add one to the count at ``cache_key`` (which lives ``timeout`` seconds from its first
     hit) and return it, counted once whichever worker asks: in one round trip on the production
-    profile's cache (``assistant.cache.SharedRedisCache.count_hit``)."""
-    count_hit = getattr(cache, "count_hit", None)
+    profile's cache (``assistant.cache.SharedRedisCache.count_hit``), in this process's memory
+    on the local profile's (``assistant.cache.in_process_cache``)."""
+    counts = in_process_cache() or cache
+    count_hit = getattr(counts, "count_hit", None)
     if count_hit is not None:
         return count_hit(cache_key, timeout=timeout)
-    cache.add(cache_key, 0, timeout=timeout)
+    counts.add(cache_key, 0, timeout=timeout)
     try:
-        return cache.incr(cache_key)
+        return counts.incr(cache_key)
     except ValueError:  # expired between add and incr
-        cache.set(cache_key, 1, timeout=timeout)
+        counts.set(cache_key, 1, timeout=timeout)
         return 1
 
 

@@ -10,10 +10,12 @@ from django.contrib.auth.models import User
 from django.contrib.sessions.backends.cached_db import KEY_PREFIX, SessionStore
 from django.core.cache import caches
 from django.test import Client, override_settings
+from django.utils.crypto import salted_hmac
 
 from assistant.errors import Rejected
 from assistant.services.classrooms import SESSION_CLASS
 from assistant.services.identity import (
+    OWNER_SALT,
     identity_in_memory,
     identity_required,
     identity_resolve,
@@ -137,3 +139,16 @@ def test_sessions_outside_this_process_memory_are_never_read_on_the_loop(
         key = _page_session()
         assert identity_resolve(key).owner_key  # the session is there, in the file cache
         assert identity_in_memory(key) is None
+
+
+def test_a_pseudonym_is_djangos_salted_hmac_under_the_secret_key_of_the_moment(
+    settings: Any,
+) -> None:
+    key = "k" * 32
+    pseudonyms = []
+    for secret in ("first-secret-key-" * 4, "second-secret-key-" * 4):
+        settings.SECRET_KEY = secret
+        expected = salted_hmac(OWNER_SALT, key, algorithm="sha256").hexdigest()
+        assert session_pseudonym(key) == expected
+        pseudonyms.append(session_pseudonym(key))
+    assert pseudonyms[0] != pseudonyms[1]
