@@ -159,3 +159,27 @@ def test_the_answer_end_benchmark_prints_each_way_and_drops_its_database() -> No
     with psycopg.connect(f"{POSTGRES}/postgres") as admin:
         found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
         assert found.fetchall() == []
+
+
+def test_the_admission_benchmark_prints_both_ways() -> None:
+    """benchmarks/admission.py admits new questions on the event loop and on a reader thread,
+    on the local profile whatever this run's, and prints the CPU of each way."""
+    command = ["benchmarks/admission.py", "--admissions", "40", "--rounds", "1"]
+    command += ["--at-once", "1", "4"]
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:1].isdigit()]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("1", "loop"),
+        ("1", "thread"),
+        ("4", "loop"),
+        ("4", "thread"),
+    ]
+    assert all(float(row[2]) > 0 for row in rows), done.stdout
