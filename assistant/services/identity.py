@@ -27,7 +27,6 @@ from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.signals import setting_changed
-from django.http import HttpRequest
 
 from assistant import errors
 from assistant.cache import in_process_cache
@@ -103,9 +102,17 @@ def session_user(session_key: str | None) -> tuple[Any, Any]:
     nobody is logged in, or the session is no longer valid for them), and the session. An
     unknown or expired key leaves the session empty and without a key."""
     session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    request = HttpRequest()
-    request.session = session
-    return get_user(request), session
+    return get_user(_SessionOnly(session)), session  # type: ignore[arg-type]
+
+
+class _SessionOnly:
+    """What ``get_user`` reads of a request, its session, without the rest of an
+    ``HttpRequest`` (whose query dicts and headers cost 14 µs to make for nothing)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
 
 
 def identity_resolve(session_key: str | None) -> Identity:
