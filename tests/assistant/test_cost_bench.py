@@ -98,6 +98,20 @@ def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() 
     assert floor_of("chatsite-uvicorn-baseline", "chatsite-uvicorn", measured) == "uvicorn-raw"
 
 
+def benchmark_run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """A benchmark run to its end (it must succeed), with what it printed."""
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 @pytest.mark.parametrize(
     ("stores", "hiredis"), [("local", True), ("production", True), ("production", False)]
 )
@@ -108,15 +122,7 @@ def test_the_answer_path_benchmark_answers_in_process(stores: str, hiredis: bool
     with redis-py's replies read by hiredis or, with ``--without-hiredis``, by its own parser."""
     command = ["benchmarks/answer_path.py", "--answers", "20", "--rounds", "1", "--stores", stores]
     command += [] if hiredis else ["--without-hiredis"]
-    done = subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = benchmark_run(command)
     assert f"redis-py's parser: {'hiredis' if hiredis else 'Python'}\n" in done.stdout
     [line] = [line for line in done.stdout.splitlines() if line.startswith("round 1:")]
     assert "20 answers (20 tokens each), 1 at a time:" in line
@@ -166,15 +172,7 @@ def test_the_admission_benchmark_prints_both_ways() -> None:
     on the local profile whatever this run's, and prints the CPU of each way."""
     command = ["benchmarks/admission.py", "--admissions", "40", "--rounds", "1"]
     command += ["--at-once", "1", "4"]
-    done = subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        env={**os.environ, "CHATSITE_LOG_LEVEL": "WARNING"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = benchmark_run(command)
     rows = [line.split() for line in done.stdout.splitlines() if line[:1].isdigit()]
     assert [(row[0], row[1]) for row in rows] == [
         ("1", "loop"),
