@@ -17,13 +17,6 @@ from assistant.cache import in_process_cache
 from assistant.services.identity import identity_in_memory, identity_resolve
 from assistant.services.ratelimit import counter_hit
 
-LOCAL = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-
-
-@pytest.fixture
-def local_cache(settings: Settings) -> None:
-    settings.CACHES = LOCAL
-
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -55,7 +48,7 @@ def in_new_tasks(call: Callable[[], Any], count: int) -> list[Any]:
 
 
 def test_one_object_for_the_process_sees_what_djangos_cache_objects_see(
-    local_cache: None,
+    local_memory: None,
 ) -> None:
     cache = in_process_cache()
     assert cache is not None
@@ -67,7 +60,7 @@ def test_one_object_for_the_process_sees_what_djangos_cache_objects_see(
 
 
 def test_rate_counts_from_new_tasks_make_no_cache_object_and_count_together(
-    local_cache: None, made: list[str]
+    local_memory: None, made: list[str]
 ) -> None:
     in_process_cache()  # made once, before the tasks
     made.clear()
@@ -79,7 +72,7 @@ def test_rate_counts_from_new_tasks_make_no_cache_object_and_count_together(
 
 @pytest.mark.django_db
 def test_a_session_found_in_memory_from_new_tasks_makes_no_cache_object(
-    local_cache: None, made: list[str]
+    local_memory: None, made: list[str]
 ) -> None:
     client = Client()
     client.get("/")
@@ -92,8 +85,9 @@ def test_a_session_found_in_memory_from_new_tasks_makes_no_cache_object(
     assert made == []
 
 
-def test_another_cache_is_not_this_process_memory(settings: Settings, tmp_path: Path) -> None:
-    settings.CACHES = LOCAL
+def test_another_cache_is_not_this_process_memory(
+    local_memory: None, settings: Settings, tmp_path: Path
+) -> None:
     assert in_process_cache() is not None
     settings.CACHES = {
         "default": {

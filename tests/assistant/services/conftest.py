@@ -7,7 +7,6 @@ import pytest
 from django.contrib.sessions.backends.cached_db import SessionStore
 from pytest_django.fixtures import Settings
 
-from assistant.services import stream_slots
 from assistant.services.identity import session_issue
 from tests.assistant.services.answer_support import ALIAS, CLIENT, Harness
 
@@ -49,12 +48,3 @@ async def harness(engine_settings: Settings, session_key: str) -> AsyncIterator[
     harness = Harness(session_key)
     yield harness
     await harness.close()
-
-
-@pytest.fixture
-def local_memory(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The local profile's stores, whichever profile the suite runs on: Django's cache (the
-    sessions' and the rate counts') and the stream slots in this process's memory. Ask for it
-    before any fixture that makes a session."""
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    monkeypatch.setattr(stream_slots, "_store", None)
