@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from assistant.ids import ordered_uuid
+
 
 class Classroom(models.Model):
     """A teacher's class: students join it with its code (no account), and it sets the persona,
@@ -89,7 +91,7 @@ class ClassMember(models.Model):
 
 
 class Conversation(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=ordered_uuid, editable=False)
     owner_key = models.CharField(max_length=80, db_index=True)
     #: The class its student was in when it began; null: none (and every conversation from
     #: before classes existed).
@@ -118,7 +120,7 @@ class Message(models.Model):
         PARTIAL = "partial"
         FAILED = "failed"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=ordered_uuid, editable=False)
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
     )

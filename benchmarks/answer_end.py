@@ -4,14 +4,18 @@ Two pieces of every answer's end, each beside the way it was done before:
 
 * **The group writer** (``persistence.rows_write``): batches of ``--batch`` exchanges, each a
   new conversation, its question, its answer, the conversation's touch and the stream record,
-  as the answer path submits them (three ``Rows`` per exchange). With few answers running
+  as the answer path submits them (three ``Rows`` per exchange), under the ids the answer path
+  gives them (``ids.ordered_uuid``: version 7, in the order made). With few answers running
   the writer's batches are one or two answers; with many, a batch holds every answer that ended
   in ``CHATSITE_PERSIST_BATCH_MS`` (``persistence._pause``). The writing thread's CPU
   per exchange, on PostgreSQL (a database made for the run, dropped after) and on SQLite:
   ``one statement`` is the writer as it is (``batch_statement``: the batch in one round trip),
   ``insert per table`` the writer before it (Django's ``executemany`` INSERT per table, an
   UPDATE, then the COMMIT; still SQLite's way), ``copy per table`` the same with a ``COPY``
-  per table. Rounds alternate between the ways.
+  per table; ``, random ids`` the writer as it is with random (version 4) ids for the rows and
+  the request id, as before ``ordered_uuid``. On PostgreSQL the server's own CPU for the same
+  work follows (its backend process's, from ``/proc``, in steps of the kernel's clock tick).
+  Rounds alternate between the ways.
 * **The rows' making**: what ``exchange_rows`` costs per exchange on the thread that makes
   them, the event loop's in a worker (the rows' values, ids and timings included).
 * **The inter-token histogram**: an answer's gaps (``--gaps``) observed in one update
@@ -49,20 +53,23 @@ def spread(values: list[float]) -> str:
 # --- the group writer ---------------------------------------------------------------------
 
 
-def exchange_rows() -> list:
-    """What one exchange hands the group writer: its question, its answer, its record."""
+def exchange_rows(new_id: Callable[[], uuid.UUID] | None = None) -> list:
+    """What one exchange hands the group writer: its question, its answer, its record, under
+    ids from ``new_id`` (the answer path's, ``ordered_uuid``, unless another is given)."""
+    from assistant.ids import ordered_uuid
     from assistant.models import StreamRecord
     from assistant.services.conversations import Exchange, answer_rows, question_rows
     from assistant.services.persistence import Rows
     from assistant.services.telemetry import AnswerSummary, stream_record
     from assistant.services.timings import StreamTimings
 
+    new_id = new_id or ordered_uuid
     exchange = Exchange(
-        conversation_id=uuid.uuid4(),
-        user_message_id=uuid.uuid4(),
-        answer_message_id=uuid.uuid4(),
+        conversation_id=new_id(),
+        user_message_id=new_id(),
+        answer_message_id=new_id(),
         is_new_conversation=True,
-        request_id=uuid.uuid4().hex,
+        request_id=new_id().hex,
     )
     timings = StreamTimings(received=1.0, parsed=1.001, engine_submitted=1.002)
     timings.engine_first_delta = 1.05
@@ -114,22 +121,41 @@ def copy_tables(model: type, objs: list) -> None:
                 copy.write_row(row)
 
 
-#: The ways a batch can be written: ``insert_many`` in place of the writer's, and whether the
-#: batch may be one statement (``batch_statement``).
-WAYS: dict[str, tuple[Callable | None, bool]] = {
-    "one statement": (None, True),
-    "insert per table": (None, False),
-    "copy per table": (copy_tables, False),
+#: The ways a batch can be written: ``insert_many`` in place of the writer's, whether the
+#: batch may be one statement (``batch_statement``), and the rows' ids (None: the answer
+#: path's).
+WAYS: dict[str, tuple[Callable | None, bool, Callable[[], uuid.UUID] | None]] = {
+    "one statement": (None, True, None),
+    "one statement, random ids": (None, True, uuid.uuid4),
+    "insert per table": (None, False, None),
+    "insert per table, random ids": (None, False, uuid.uuid4),
+    "copy per table": (copy_tables, False, None),
 }
+#: SQLite's writer is its INSERT per table.
+SQLITE_WAYS = ["insert per table", "insert per table, random ids"]
 
 
-def writer_round(batch: int, batches: int, way: str) -> float:
+def server_cpu() -> float | None:
+    """The CPU seconds the database server has spent on Django's connection: PostgreSQL's
+    backend process's (``/proc``), None on SQLite (which runs in the writing thread)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | None]:
     """The writing thread's CPU per exchange (µs) over ``batches`` batches of ``batch``
-    exchanges, written ``way``."""
+    exchanges, written ``way``, and the database server's (None: SQLite, in the thread's)."""
     from assistant.services import persistence
 
-    insert, one_statement = WAYS[way]
-    made = [[rows for _ in range(batch) for rows in exchange_rows()] for _ in range(batches)]
+    insert, one_statement, new_id = WAYS[way]
+    made = [[rows for _ in range(batch) for rows in exchange_rows(new_id)] for _ in range(batches)]
     with contextlib.ExitStack() as undo:
         if insert is not None:
             undo.callback(setattr, persistence, "insert_many", persistence.insert_many)
@@ -137,11 +163,14 @@ def writer_round(batch: int, batches: int, way: str) -> float:
         if not one_statement:
             undo.callback(setattr, persistence, "batch_statement", persistence.batch_statement)
             persistence.batch_statement = lambda tables, connection: None
+        server = server_cpu()
         cpu = time.thread_time()
         for rows in made:
             persistence.rows_write(rows)
         cpu = time.thread_time() - cpu
-    return cpu / (batch * batches) * 1e6
+        if server is not None:
+            server = (server_cpu() - server) / (batch * batches) * 1e6  # type: ignore[operator]
+    return cpu / (batch * batches) * 1e6, server
 
 
 def rows_made(rounds: int, exchanges: int = 5000) -> str:
@@ -168,20 +197,30 @@ def writer(args: argparse.Namespace) -> None:
     call_command("migrate", verbosity=0)
     kind = connection.vendor
     print(f"rows made: {rows_made(args.rounds)} us of CPU per exchange", flush=True)
-    # On SQLite every way is its INSERT per table.
-    ways = list(WAYS) if kind == "postgresql" else ["insert per table"]
+    ways = list(WAYS) if kind == "postgresql" else SQLITE_WAYS
     for batch in args.batch:
         for way in ways:
             writer_round(batch, 5, way)  # warm up: the connection
         figures: dict[str, list[float]] = {way: [] for way in ways}
+        servers: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.rounds):
             for way in ways:
-                figures[way].append(writer_round(batch, max(1, args.batches // batch), way))
+                thread, server = writer_round(batch, max(1, args.batches // batch), way)
+                figures[way].append(thread)
+                if server is not None:
+                    servers[way].append(server)
         for way, values in figures.items():
             print(
                 f"writer {kind} {way}: {spread(values)} us of CPU per exchange, batches of {batch}",
                 flush=True,
             )
+        for way, values in servers.items():
+            if values:
+                print(
+                    f"server {kind} {way}: {spread(values)} us of CPU per exchange, "
+                    f"batches of {batch}",
+                    flush=True,
+                )
     connection.close()
 
 

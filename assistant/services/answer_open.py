@@ -34,7 +34,7 @@ from assistant.engines import (
     get_engine,
 )
 from assistant.errors import Rejected
-from assistant.ids import random_uuid
+from assistant.ids import ordered_uuid
 from assistant.services import background
 from assistant.services.admission import SlotTry, chat_release, chat_slot_wait
 from assistant.services.answer import Answer
@@ -350,9 +350,9 @@ async def _answer_open(
         raise
     stream_started(serving_path=serving_path, engine=engine.name)
     exchange = Exchange(
-        conversation_id=asking.conversation_id or random_uuid(),
-        user_message_id=random_uuid(),
-        answer_message_id=random_uuid(),
+        conversation_id=asking.conversation_id or ordered_uuid(),
+        user_message_id=ordered_uuid(),
+        answer_message_id=ordered_uuid(),
         is_new_conversation=asking.conversation_id is None,
         request_id=request_id,
         replaces=asking.replaces,

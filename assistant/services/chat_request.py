@@ -10,7 +10,7 @@ from django.utils.translation import gettext
 
 from assistant import errors
 from assistant.errors import Rejected
-from assistant.ids import random_uuid
+from assistant.ids import ordered_uuid
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{8,64}")
 #: Characters no database stores as text: NUL, and halves of a UTF-16 pair without the other.
@@ -43,7 +43,7 @@ def request_id_choose(incoming: str | None) -> str:
     """Reuse a proxy's request id when it looks like one, so logs join up; else a new one."""
     if request_id_valid(incoming):
         return incoming  # type: ignore[return-value]
-    return random_uuid().hex
+    return ordered_uuid().hex
 
 
 def chat_turn_parse(body: bytes) -> ChatTurn:

@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from assistant import metrics
 from assistant.db import run_db_write
+from assistant.ids import ordered_uuid
 from assistant.models import Classroom, Conversation, Message, StreamRecord
 from assistant.services.answer_registry import answers_running_count
 from assistant.services.batch_statement import (
@@ -84,7 +85,7 @@ def records_renamed(rows: Rows) -> bool:
         return False
     rows.renamed = True
     for record in rows.records:
-        new_id = uuid.uuid4().hex
+        new_id = ordered_uuid().hex
         logger.warning(
             "Request id %s was used by an earlier stream: this stream's record is stored as %s",
             record["request_id"],

@@ -4,6 +4,7 @@ serving paths: every behaviour here is the protocol, whichever transport carries
 import itertools
 import json
 import time
+import uuid
 
 import pytest
 
@@ -74,6 +75,36 @@ def test_event_sequence_is_open_meta_tokens_done(
     assert timings["first_token_sent"] <= timings["finished"]
     # Nothing else: the open comment, meta, the tokens, done, one frame each.
     assert body.count(b"\n\n") == 8
+
+
+def test_an_answer_is_stored_under_ids_in_the_order_they_were_made(
+    chat_client: ChatClient, url: str
+) -> None:
+    """The conversation, the question and the answer (and the request id the server makes when
+    none comes) are version 7 UUIDs, the later answer's of a later or the same millisecond: the
+    indexes on them take each new row at their end."""
+    metas = []
+    for _ in range(2):
+        response = chat_client.raw(
+            {"message": "[scripted tokens=1]", "conversation": None}, path=url
+        )
+        metas.append(next(iter(response.events())).json())
+    from assistant.models import Message
+
+    made = [[uuid.UUID(meta[key]) for key in IDS] for meta in metas]
+    assert {u.version for ids in made for u in ids} == {7}
+    for earlier, later in zip(made[0], made[1], strict=True):
+        assert earlier != later
+        assert earlier.int >> 80 <= later.int >> 80
+    for meta in metas:
+        answer = wait_for(lambda meta=meta: Message.objects.filter(id=meta["message"]).first())
+        assert answer.request_id == meta["request_id"]
+        assert str(answer.conversation_id) == meta["conversation"]
+        assert Message.objects.get(id=meta["user_message"]).role == "user"
+
+
+#: The ids an answer's ``meta`` event names.
+IDS = ("request_id", "conversation", "user_message", "message")
 
 
 def test_each_token_is_sent_when_generated(chat_client: ChatClient, url: str) -> None:

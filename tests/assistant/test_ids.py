@@ -1,10 +1,12 @@
-"""Random ids (``assistant.ids``): version 4 UUIDs like ``uuid.uuid4()``'s, with one call to the
-kernel per 256 of them, none handed out twice: not across threads, not after a fork."""
+"""Ids (``assistant.ids``): version 7 UUIDs, the time in milliseconds then random bits, in the
+order they are made, with one call to the kernel per 256 of them, none handed out twice: not
+across threads, not after a fork."""
 
 import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -15,17 +17,39 @@ from assistant import ids
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_each_id_is_a_random_version_4_uuid() -> None:
-    made = [ids.random_uuid() for _ in range(3 * ids.CHUNK // 16 + 5)]  # across refills
+def millis(made: uuid.UUID) -> int:
+    return made.int >> 80
 
-    assert {u.version for u in made} == {4}
+
+def test_each_id_is_a_version_7_uuid_of_the_millisecond_it_was_made_in() -> None:
+    before = time.time_ns() // 1_000_000
+    made = [ids.ordered_uuid() for _ in range(3 * ids.CHUNK // 16 + 5)]  # across refills
+    after = time.time_ns() // 1_000_000
+
+    assert {u.version for u in made} == {7}
     assert {u.variant for u in made} == {uuid.RFC_4122}
     assert len(set(made)) == len(made)
-    # Every bit but the version's and the variant's varies (each of them set in some id).
+    assert all(before <= millis(u) <= after for u in made)
+    # Every bit below the time's but the version's and the variant's varies (each of them set
+    # in some id), and none of the version's and variant's is random.
     varying = 0
     for u in made:
-        varying |= u.int
-    assert varying | ~ids._KEEP & ((1 << 128) - 1) == (1 << 128) - 1
+        varying |= u.int & ((1 << 80) - 1)
+    assert varying == ids._KEEP | ids._MARK
+
+
+def test_ids_of_later_milliseconds_sort_after_earlier_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By their value, as text and as hex alike, whatever their random bits."""
+    clock = iter(ms * 1_000_000 + 999_999 for ms in range(1_700_000_000_000, 1_700_000_000_300))
+    monkeypatch.setattr(ids, "time_ns", lambda: next(clock))
+    made = [ids.ordered_uuid() for _ in range(300)]
+
+    assert [millis(u) for u in made] == list(range(1_700_000_000_000, 1_700_000_000_300))
+    assert sorted(made) == made
+    assert sorted(str(u) for u in made) == [str(u) for u in made]
+    assert sorted(u.hex for u in made) == [u.hex for u in made]
 
 
 def test_the_kernel_is_asked_once_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +64,7 @@ def test_the_kernel_is_asked_once_per_chunk(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(ids, "_buffer", ids._Buffer())  # empty: the first id asks
     monkeypatch.setattr(os, "urandom", counted)
     for _ in range(600):
-        ids.random_uuid()
+        ids.ordered_uuid()
 
     assert asked == [ids.CHUNK] * 3  # 256 + 256 + 88 ids
 
@@ -49,7 +73,7 @@ def test_threads_cut_ids_from_buffers_of_their_own() -> None:
     made: list[list[uuid.UUID]] = [[] for _ in range(4)]
 
     def take(into: list[uuid.UUID]) -> None:
-        into.extend(ids.random_uuid() for _ in range(500))
+        into.extend(ids.ordered_uuid() for _ in range(500))
 
     threads = [threading.Thread(target=take, args=(into,)) for into in made]
     for thread in threads:
@@ -66,16 +90,16 @@ def test_threads_cut_ids_from_buffers_of_their_own() -> None:
 FORKED = """
 import os, uuid
 from assistant import ids
-ids.random_uuid()  # the buffer now holds ids the parent has not handed out yet
+ids.ordered_uuid()  # the buffer now holds ids the parent has not handed out yet
 read, write = os.pipe()
 child = os.fork()
 if child == 0:
-    os.write(write, ids.random_uuid().bytes)
+    os.write(write, ids.ordered_uuid().bytes)
     os._exit(0)
 os.close(write)
 from_child = os.read(read, 16)
 os.waitpid(child, 0)
-print(uuid.UUID(bytes=from_child), ids.random_uuid())
+print(uuid.UUID(bytes=from_child), ids.ordered_uuid())
 """
 
 
@@ -85,5 +109,6 @@ def test_a_forked_child_does_not_hand_out_its_parents_next_ids() -> None:
     )
     assert run.returncode == 0, run.stderr
     from_child, from_parent = (uuid.UUID(text) for text in run.stdout.split())
-    assert from_child.version == from_parent.version == 4
-    assert from_child != from_parent
+    assert from_child.version == from_parent.version == 7
+    # Their random bits differ (their milliseconds may not).
+    assert from_child.int & ids._KEEP != from_parent.int & ids._KEEP

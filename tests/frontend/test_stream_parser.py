@@ -16,10 +16,14 @@ the parsing expectation of the first response is kept; each such vector says so.
 format-mime-* tests check the HTTP layer (Content-Type) and do not apply.
 """
 
+import uuid
 from typing import Any
 
 import pytest
 from playwright.sync_api import Page
+
+from assistant import ids
+from assistant.services.chat_request import request_id_valid
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -434,3 +438,33 @@ def test_retry_after_is_read_from_an_error_answer(page: Page) -> None:
     assert got["none"] is None
     assert got["bogus"] == [None] * 6
     assert got["forms"] == [1, 1, 1]  # rounded up: the countdown never ends early
+
+
+def test_the_pages_request_ids_are_version_7_uuids_the_server_takes(page: Page) -> None:
+    """``newRequestId``: 32 hex digits of a version 7 UUID, as the server makes its own (the
+    millisecond it was made in, then 74 random bits), which the server reuses as they come."""
+    got = page.evaluate(
+        """async (url) => {
+          const { newRequestId } = await import(url);
+          const before = Date.now();
+          const now = newRequestId();
+          const after = Date.now();
+          const at = [1700000000000, 1700000000001, 1700000000255, 1700000000256];
+          const many = Array.from({ length: 200 }, () => newRequestId(at[0]));
+          return { before, now, after, at, sorted: at.map((t) => newRequestId(t)), many };
+        }""",
+        STREAM_JS,
+    )
+    made = [got["now"], *got["sorted"], *got["many"]]
+    assert all(request_id_valid(value) and len(value) == 32 for value in made)
+    parsed = [uuid.UUID(hex=value) for value in made]
+    assert {u.version for u in parsed} == {7}
+    assert {u.variant for u in parsed} == {uuid.RFC_4122}
+    assert got["before"] <= parsed[0].int >> 80 <= got["after"]
+    assert [uuid.UUID(hex=value).int >> 80 for value in got["sorted"]] == got["at"]
+    assert sorted(got["sorted"]) == got["sorted"]
+    assert len(set(got["many"])) == 200
+    varying = 0
+    for value in got["many"]:
+        varying |= uuid.UUID(hex=value).int & ((1 << 80) - 1)
+    assert varying == ids._KEEP | ids._MARK  # every random bit varies; the marks are fixed

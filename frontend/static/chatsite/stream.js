@@ -257,8 +257,17 @@ export function safeJSON(text) {
 }
 
 // A request id the server accepts (it reuses ids of 8-64 characters from [A-Za-z0-9._-]), made
-// in the page so that a request that never got an answer can still be reported.
-export function newRequestId() {
+// in the page so that a request that never got an answer can still be reported. It is a version 7
+// UUID (RFC 9562) in hex, as the server makes its own: the time in milliseconds (`now`), then 74
+// random bits, so that the indexes on request ids take new ones at their end.
+export function newRequestId(now = Date.now()) {
   const bytes = crypto.getRandomValues(new Uint8Array(16));
+  let millis = now;
+  for (let i = 5; i >= 0; i -= 1) {
+    bytes[i] = millis % 256;
+    millis = Math.floor(millis / 256);
+  }
+  bytes[6] = (bytes[6] & 0x0f) | 0x70; // version 7
+  bytes[8] = (bytes[8] & 0x3f) | 0x80; // the RFC's variant
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
