@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
@@ -75,12 +74,17 @@ def _sqlite_uuid(prepare: Prepare) -> Prepare:
 
 def _sqlite_datetime(prepare: Prepare) -> Prepare:
     """An aware datetime as SQLite's columns hold it (naive, in the connection's time zone, as
-    text), None as NULL; anything else (a naive one, which Django warns of) as Django prepares
-    it."""
+    text), None as NULL; anything else (a naive one, which Django warns of, or any with time
+    zones off: the connection has no time zone then) as Django prepares it. One already in the
+    connection's time zone (``timezone.now()``'s, UTC, on a connection in UTC) is not converted
+    to it again."""
 
     def naive(value: Any, connection: BaseDatabaseWrapper) -> Any:
-        if type(value) is datetime and value.utcoffset() is not None and settings.USE_TZ:
-            return str(value.astimezone(connection.timezone).replace(tzinfo=None))
+        if type(value) is datetime and (zone := connection.timezone) is not None:
+            if value.tzinfo is zone:
+                return str(value.replace(tzinfo=None))
+            if value.utcoffset() is not None:
+                return str(value.astimezone(zone).replace(tzinfo=None))
         return None if value is None else prepare(value, connection)
 
     return naive

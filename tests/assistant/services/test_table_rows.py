@@ -12,6 +12,7 @@ from django.db import connection, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from django.utils import timezone
+from pytest_django.fixtures import Settings
 
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.conversations import Exchange, answer_rows, question_rows
@@ -178,14 +179,36 @@ SHANGHAI = ZoneInfo("Asia/Shanghai")
     ],
     ids=["utc", "shanghai", "offset", "none"],
 )
+@pytest.mark.parametrize("zone", [None, "Asia/Shanghai"], ids=["connection-utc", "connection-cst"])
 def test_a_datetime_is_bound_on_sqlite_as_django_binds_it(
-    sqlite: BaseDatabaseWrapper, value: datetime | None
+    value: datetime | None, zone: str | None
 ) -> None:
+    """In the connection's time zone (UTC unless its ``TIME_ZONE`` says), whether or not the
+    value is in it already."""
+    sqlite = SQLiteWrapper(
+        {**connection.settings_dict, "NAME": ":memory:", "TIME_ZONE": zone}, alias="sqlite-check"
+    )
     field = StreamRecord._meta.get_field("created_at")
     (column,) = [c for c in insert_columns(StreamRecord, [], sqlite) if c.field is field]
     assert column.prepare is not None
     ours, theirs = column.prepare(value, sqlite), field.get_db_prep_save(value, sqlite)
     assert (type(ours), ours) == (type(theirs), theirs)
+
+
+def test_an_aware_datetime_with_time_zones_off_is_refused_as_django_refuses_it(
+    settings: Settings,
+) -> None:
+    settings.USE_TZ = False
+    sqlite = SQLiteWrapper({**connection.settings_dict, "NAME": ":memory:"}, alias="sqlite-check")
+    field = StreamRecord._meta.get_field("created_at")
+    (column,) = [c for c in insert_columns(StreamRecord, [], sqlite) if c.field is field]
+    assert column.prepare is not None
+    value = datetime(2026, 12, 5, 8, 15, 2, tzinfo=UTC)
+    with pytest.raises(ValueError, match="USE_TZ is False") as theirs:
+        field.get_db_prep_save(value, sqlite)
+    with pytest.raises(ValueError, match="USE_TZ is False") as ours:
+        column.prepare(value, sqlite)
+    assert str(ours.value) == str(theirs.value)
 
 
 @pytest.mark.parametrize(
