@@ -64,7 +64,6 @@ class _Live:
     #: Sends the last frame and ends the response with it, in one write (None: ``send``).
     end: Send | None
     heartbeat: Heartbeat
-    beating: asyncio.Task[None]
 
 
 @dataclass(eq=False)
@@ -160,8 +159,8 @@ class Answer(AnswerEnd):
         if live is not None:
             self.buffer.attach()
             heartbeat = Heartbeat(live, ping_interval())
-            beating = asyncio.create_task(heartbeat.run())
-            self._live = _Live(live, end, heartbeat, beating)
+            heartbeat.start()
+            self._live = _Live(live, end, heartbeat)
             self._reader = _watch(connection)
         last = b""
         try:
@@ -237,7 +236,7 @@ class Answer(AnswerEnd):
         live, self._live = self._live, None
         if live is None:
             return
-        live.beating.cancel()
+        live.heartbeat.stop()
         self._reader = None
         self.buffer.detach()
 

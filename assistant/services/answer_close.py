@@ -20,7 +20,7 @@ from assistant.services.admission import chat_slot_release
 from assistant.services.answer_ends import Ended
 from assistant.services.answer_registry import answer_ended, answer_forget
 from assistant.services.conversations import answer_rows, answer_store, question_rows
-from assistant.services.persistence import rows_store
+from assistant.services.persistence import rows_hand_over
 from assistant.services.telemetry import AnswerSummary, stream_observe
 from assistant.services.timings import now
 
@@ -72,7 +72,8 @@ class AnswerEnd:
         self.timings.finished = now()
 
     def _save_question(self: "Answer") -> None:
-        """Hand the question to the group writer, once (it stores it before the answer)."""
+        """Hand the question to the group writer, once (it stores it before the answer, whose
+        store is held until done)."""
         if not self._question_stored:
             self._question_stored = True
             rows = question_rows(
@@ -81,7 +82,7 @@ class AnswerEnd:
                 exchange=self.exchange,
                 question=self.question,
             )
-            background.spawn(rows_store(rows), name=f"question:{self.request_id}")
+            rows_hand_over(rows)
 
     async def _release_slot(self: "Answer") -> None:
         """Give back the student's stream slot (once): before the last frame goes out, so a
@@ -98,7 +99,7 @@ class AnswerEnd:
         # The live listener stays for the last frame (``_deliver_last``); its pings stop now.
         live, self._reader = self._live, None
         if live is not None:
-            live.beating.cancel()
+            live.heartbeat.stop()
         try:
             await self.source.close()
         finally:

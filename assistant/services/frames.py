@@ -85,10 +85,14 @@ SITE_FRAMES = Frames()
 
 
 class Heartbeat:
-    """Sends ``: ping`` whenever nothing was sent for ``interval`` seconds.
+    """Sends ``: ping`` whenever nothing was sent for ``interval`` seconds, from ``start()`` to
+    ``stop()``.
 
-    One timer per stream, which wakes only when the stream has been silent; the per-frame cost
-    is one clock read (``beat``). Runs beside the frame loop, as sse-starlette's ping task does.
+    One timer per stream, not a task: it fires only when the stream may have been silent for
+    ``interval``, and a ping that is due goes out from a task of its own, beside the frame loop
+    (as sse-starlette's ping task does). The per-frame cost is one clock read (``beat``); an
+    answer that is never silent that long costs one timer made and cancelled, where a task
+    asleep beside it cost its making, its first step and the step that ends it.
     """
 
     def __init__(self, send: Callable[[bytes], Awaitable[None]], interval: float) -> None:
@@ -96,18 +100,39 @@ class Heartbeat:
         self.interval = interval
         self.loop = asyncio.get_running_loop()
         self.last = self.loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._pinging: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def beat(self) -> None:
         self.last = self.loop.time()
 
-    async def run(self) -> None:
-        while True:
-            delay = self.last + self.interval - self.loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            await self.send(PING)
-            self.beat()
+    def start(self) -> None:
+        self._timer = self.loop.call_at(self.last + self.interval, self._due)
+
+    def stop(self) -> None:
+        """No ping from now on; one being sent is cancelled."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pinging is not None:
+            self._pinging.cancel()
+            self._pinging = None
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.loop.time() < self.last + self.interval:
+            self.start()  # a frame went out meanwhile: silent from then on
+        else:
+            self._pinging = self.loop.create_task(self._ping())
+
+    async def _ping(self) -> None:
+        await self.send(PING)
+        self.beat()
+        self._pinging = None
+        if not self._stopped:
+            self.start()
 
 
 def ping_interval() -> float:

@@ -381,3 +381,17 @@ async def rows_written(conversation_id: uuid.UUID) -> None:
 async def rows_store(rows: Rows) -> None:
     """Store ``rows`` through the running loop's group writer."""
     await asyncio.shield(rows_submit(rows))
+
+
+def rows_hand_over(rows: Rows) -> None:
+    """Hand ``rows`` to the running loop's group writer, and wait for nothing: no task waits
+    for them to be stored (``rows_store`` in a task of its own would). For rows that are waited
+    for all the same: a question's, which its answer's store (held until done, and waited for
+    at shutdown) follows through the same writer, in order. A failure is the writer's to log
+    and count (``GroupWriter._flush``); it is only taken out of the future here."""
+    rows_submit(rows).add_done_callback(_failure_taken)
+
+
+def _failure_taken(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()  # retrieved: asyncio would log it again

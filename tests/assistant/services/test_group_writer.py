@@ -5,6 +5,7 @@ row is stored either way, in the order given. Real database writes; the batches 
 the writer's own calls to ``rows_write``."""
 
 import asyncio
+import gc
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from assistant.services import conversations, persistence
 from assistant.services.answer_registry import answer_ended, answer_register
 from assistant.services.persistence import (
     Rows,
+    rows_hand_over,
     rows_store,
     rows_submit,
     rows_writing,
@@ -218,3 +220,29 @@ async def test_a_follow_up_waits_no_longer_than_its_bound(monkeypatch: pytest.Mo
     await conversations.conversation_written(conversation_id(later))
     assert rows_writing(conversation_id(later)) and not stored.done()
     await stored
+
+
+@pytest.mark.usefixtures("batching", "quiet")
+async def test_rows_handed_over_are_stored_without_a_task_and_a_refusal_is_the_writers_to_tell(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``rows_hand_over`` (a question's rows): stored in order with no task of their own, and
+    a row the database refuses is the writer's one warning line, with nothing left for asyncio
+    to report as never retrieved."""
+    reported: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    first = conversation("first")
+    await rows_store(first)
+    tasks = asyncio.all_tasks()  # the writer's own among them
+    second = conversation("second")
+    rows_hand_over(second)
+    rows_hand_over(Rows(conversations=[dict(first.conversations[0])]))  # its id again: refused
+    assert asyncio.all_tasks() == tasks
+    await rows_written(conversation_id(first))
+    await rows_written(conversation_id(second))
+    await rows_store(conversation("third"))  # the writer holds this batch now, not theirs
+    assert await stored_titles() == ["first", "second", "third"]
+    gc.collect()
+    assert reported == []
+    refused = [r for r in caplog.records if r.getMessage().startswith("Could not store")]
+    assert len(refused) == 1
