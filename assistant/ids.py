@@ -14,9 +14,9 @@ Why in order: the ids are the keys of the rows an answer stores (its conversatio
 and of the indexes on its request id. An index on random ids takes each new row at a random
 place, so each row of the writer's batch dirties a page of its own, and each of those pages is
 written again at the commit (SQLite's WAL, PostgreSQL's). Ids in the order they are made go to
-the end of the index, a batch's rows together on its last page. 74 random bits are as far beyond
-guessing as 122 (and every read of a conversation is checked against its owner anyway); what an
-id tells besides is the millisecond it was made in, which its owner is shown.
+the end of the index, a batch's rows together on its last page. 74 random bits are beyond
+guessing, as 122 were (and every read of a conversation is checked against its owner anyway);
+what an id tells besides is the millisecond it was made in, which its owner is shown.
 """
 
 import os
