@@ -7,6 +7,7 @@ installs Twisted's asyncio reactor.
 
 import asyncio
 import sys
+import types
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,8 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
     timeout checks (every 2 s, in the reactor's thread), before Daphne's checks; keeping the
     ports it listens on (``listening_ports``) and its HTTP connections
     (``connections_close_after_response``); and, once ``chatsite_drain()`` was called, closing
-    each connection after its response (``Connection: close``), so a proxy keeps none of them.
+    each connection after its response (``Connection: close``), so a proxy keeps none of them;
+    and leaving every POST's body to the application (Twisted does not parse it as a form).
 
     Relies on ``Server.timeout_checker``: ``Server.run`` schedules it 2 s after starting, and it
     reschedules itself with ``reactor.callLater(2, self.timeout_checker)``, so an override runs
@@ -66,7 +68,9 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
     handing the application ``functools.partial(self.handle_reply, protocol)``, looked up on the
     server when the application is created (an instance attribute set by ``chatsite_drain``
     wins), with ``protocol`` a ``WebRequest`` whose ``channel`` is Twisted's ``HTTPChannel``;
-    and on ``HTTPChannel.requestDone`` closing the connection when ``persistent`` is false.
+    on ``HTTPChannel.requestDone`` closing the connection when ``persistent`` is false; and on
+    ``twisted.web.http.Request`` (whose ``__init__`` runs before Daphne's ``protocol_connected``)
+    parsing a POST's body as a form only while ``_parsePOSTFormSubmission`` is true.
     Imports ``daphne.server``, which installs Twisted's asyncio reactor.
     """
     from daphne.server import Server
@@ -85,6 +89,11 @@ def daphne_server_class(every_round: Callable[["Server"], None]) -> type["Server
             if channel is not None:
                 channels = self.__dict__.setdefault("chatsite_channels", weakref.WeakSet())
                 channels.add(channel)
+                # Twisted would parse the body of every POST as a form (its Content-Type
+                # through the email package, 45 us, and a multipart body whole) into
+                # ``args``, which Daphne never reads, and answer a body it cannot parse with
+                # a bare 400 of its own before the application sees it.
+                protocol._parsePOSTFormSubmission = False
             super().protocol_connected(protocol)
 
         def chatsite_drain(self) -> None:
@@ -197,6 +206,33 @@ def daphne_command_line(server_class: type["Server"]) -> type["CommandLineInterf
     from daphne.cli import CommandLineInterface
 
     return type("ChatsiteCommandLine", (CommandLineInterface,), {"server_class": server_class})
+
+
+def daphne_http_direct() -> bool:
+    """Have Daphne's HTTP protocol reach ``twisted.web.http`` itself, not the stand-in Twisted
+    leaves in ``sys.modules`` to warn about its deprecated names, which costs 1.9 us for each
+    name read through it: Daphne reads ``http.Request`` for every body message it writes. True
+    when Daphne's ``http`` is the module itself now.
+
+    Relies on Twisted's ``deprecatedModuleAttribute`` putting a ``_ModuleProxy`` in the module's
+    place that keeps the module as ``_module`` (the names it warns about, ``HTTPClient``, are
+    not ones Daphne reads), and on ``daphne.http_protocol`` reading Twisted's module through its
+    global ``http``.
+    """
+    import daphne.http_protocol
+
+    found = daphne.http_protocol.http
+    # type(), not isinstance(): the stand-in answers ``__class__`` with the module's.
+    if type(found) is types.ModuleType:
+        return True
+    try:
+        module = object.__getattribute__(found, "_module")
+    except AttributeError:
+        return False
+    if type(module) is not types.ModuleType or module.Request is not found.Request:
+        return False
+    daphne.http_protocol.http = module
+    return True
 
 
 # --- Twisted and Daphne: shutting down ---------------------------------------------------

@@ -69,6 +69,15 @@ def test_non_json_content_type_gets_415(chat_client: ChatClient, url: str) -> No
     assert error_of(response)[:2] == (415, "unsupported_media_type")
 
 
+def test_a_multipart_body_is_the_applications_to_refuse(chat_client: ChatClient, url: str) -> None:
+    """Daphne's HTTP layer (Twisted) does not parse a POST's body as a form: a multipart body
+    it could not parse would get a bare 400 of its own before chatsite saw the request."""
+    response = chat_client.raw(
+        b"message=hi", headers={"Content-Type": "multipart/form-data; boundary=x"}, path=url
+    )
+    assert error_of(response)[:2] == (415, "unsupported_media_type")
+
+
 def test_missing_csrf_token_gets_403(chat_client: ChatClient, url: str) -> None:
     response = raw_post(
         chat_client.server.port,

@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tomllib
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -538,6 +539,25 @@ def test_daphne_command_line_serves_with_the_given_server_class(
     [kwargs] = built
     assert kwargs["application"] is _application
     assert kwargs["endpoints"] == ["tcp:port=0:interface=127.0.0.1"]
+
+
+def test_daphne_http_direct_gives_daphne_twisteds_http_module_itself() -> None:
+    """Twisted keeps ``twisted.web.http`` behind its deprecation stand-in; once called, Daphne's
+    protocol reads the module itself, whose classes are the ones the stand-in gives."""
+    import daphne.http_protocol
+    from twisted.web import http
+
+    proxied = daphne.http_protocol.http
+    try:
+        assert type(http) is not types.ModuleType  # the stand-in this goes around
+        assert internals.daphne_http_direct()
+        direct = daphne.http_protocol.http
+        assert type(direct) is types.ModuleType
+        assert (direct.Request, direct.HTTPFactory) == (http.Request, http.HTTPFactory)
+        assert internals.daphne_http_direct()  # again: already the module
+        assert daphne.http_protocol.http is direct
+    finally:
+        daphne.http_protocol.http = proxied
 
 
 # --- Twisted and Daphne: shutting down -----------------------------------------------------
