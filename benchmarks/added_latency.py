@@ -213,12 +213,18 @@ FLOORS = {"chatsite": "daphne-raw", "chatsite-uvicorn": "uvicorn-raw"}
 
 
 def peer_start(
-    name: str, ttft_ms: float, tokens: int, itl_ms: float, env: dict[str, str] | None = None
+    name: str,
+    ttft_ms: float,
+    tokens: int,
+    itl_ms: float,
+    env: dict[str, str] | None = None,
+    *,
+    root: Path = ROOT,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``bare``, ``uvicorn`` or a raw server on a free port and wait until it accepts;
-    ``env``: more environment for it."""
+    ``env``: more environment for it; ``root``: the checkout whose code it runs."""
     port = free_port()
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full_env = {**os.environ, "PYTHONPATH": str(root)}
     out = None
     if name in RAW_SERVERS:
         pace = {"RAW_TTFT_MS": str(ttft_ms), "RAW_TOKENS": str(tokens), "RAW_ITL_MS": str(itl_ms)}
@@ -230,7 +236,7 @@ def peer_start(
         command = [sys.executable, "-c", code, str(port), str(ttft_ms), str(tokens), str(itl_ms)]
     process = subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=root,
         env={**full_env, **(env or {})},
         stdout=out,
         preexec_fn=die_with_parent,

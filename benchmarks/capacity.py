@@ -99,7 +99,7 @@ def start(
     """Start server ``name`` (with ``env`` added to its environment; a chatsite server with the
     code of checkout ``root``): its port, its pid, the question's request, and what to stop."""
     if not name.startswith("chatsite"):
-        process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms, env)
+        process, port = peer_start(name, args.ttft_ms, args.tokens, args.itl_ms, env, root=root)
         request = build_request(port, b'{"message": "What is photosynthesis?"}')
         return port, process.pid, request, None, process
     own_env = env or {}

@@ -64,12 +64,16 @@ def server_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def floor_of(spec: str, name: str, measured: dict[str, list[float]]) -> str | None:
-    """The floor measured beside chatsite server ``spec``: its server's raw one with the same
-    settings if there is one, else its server's raw one; None for a server without a floor."""
+    """The floor measured beside chatsite server ``spec``: for a baseline, its server's raw one
+    from the same checkout if there is one; its server's raw one with the same settings if
+    there is one, else its server's raw one; None for a server without a floor."""
     if name not in FLOORS:
         return None
     settings = spec.partition(":")[2]
-    for floor in (f"{FLOORS[name]}:{settings}", FLOORS[name]):
+    floors = [f"{FLOORS[name]}:{settings}", FLOORS[name]]
+    if spec.endswith(BASELINE):
+        floors.insert(0, FLOORS[name] + BASELINE)
+    for floor in floors:
         if floor in measured:
             return floor
     return None
@@ -77,8 +81,11 @@ def floor_of(spec: str, name: str, measured: dict[str, list[float]]) -> str | No
 
 def baselines(servers: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
     """For each chatsite server named plainly in ``servers``, the same server run from the
-    ``--baseline`` checkout: ``NAME-baseline``, measured against the same floor."""
-    return {name + BASELINE: (name, {}) for name in servers if name in FLOORS}
+    ``--baseline`` checkout: ``NAME-baseline``; and so for ``daphne-raw``, which is Daphne as
+    that checkout runs it (``chatsite/server.py``), the floor its ``chatsite-baseline`` is
+    measured against. (``uvicorn-raw`` runs no chatsite code: one floor serves both.)"""
+    from_checkout = [*FLOORS, FLOORS["chatsite"]]
+    return {name + BASELINE: (name, {}) for name in servers if name in from_checkout}
 
 
 def one_round(port: int, pid: int, request: bytes, args: argparse.Namespace) -> tuple[float, float]:
@@ -110,8 +117,8 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help="also measure each chatsite server named with this checkout's code, as "
-        "chatsite-baseline and chatsite-uvicorn-baseline",
+        help="also measure each chatsite server named, and daphne-raw, with this checkout's "
+        "code, as chatsite-baseline, chatsite-uvicorn-baseline and daphne-raw-baseline",
     )
     args = parser.parse_args()
     try:

@@ -86,9 +86,10 @@ def test_each_chatsite_server_is_measured_against_its_own_floor() -> None:
     assert floor_of("chatsite-uvicorn", "chatsite-uvicorn", {}) is None
 
 
-def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() -> None:
+def test_a_baseline_checkout_runs_each_chatsite_server_against_its_own_daphne() -> None:
     named = ["daphne-raw", "chatsite", "uvicorn-raw", "chatsite-uvicorn", "uvicorn"]
     assert baselines(named) == {
+        "daphne-raw-baseline": ("daphne-raw", {}),
         "chatsite-baseline": ("chatsite", {}),
         "chatsite-uvicorn-baseline": ("chatsite-uvicorn", {}),
     }
@@ -96,6 +97,9 @@ def test_a_baseline_checkout_runs_each_chatsite_server_against_the_same_floor() 
     measured = {"daphne-raw": [1.0], "uvicorn-raw": [1.0]}
     assert floor_of("chatsite-baseline", "chatsite", measured) == "daphne-raw"
     assert floor_of("chatsite-uvicorn-baseline", "chatsite-uvicorn", measured) == "uvicorn-raw"
+    measured["daphne-raw-baseline"] = [1.0]
+    assert floor_of("chatsite-baseline", "chatsite", measured) == "daphne-raw-baseline"
+    assert floor_of("chatsite", "chatsite", measured) == "daphne-raw"
 
 
 def benchmark_run(command: list[str]) -> subprocess.CompletedProcess[str]:
