@@ -92,7 +92,7 @@ class ClassMember(models.Model):
 
 class Conversation(models.Model):
     id = models.UUIDField(primary_key=True, default=ordered_uuid, editable=False)
-    owner_key = models.CharField(max_length=80, db_index=True)
+    owner_key = models.CharField(max_length=80)
     #: The class its student was in when it began; null: none (and every conversation from
     #: before classes existed).
     classroom = models.ForeignKey(
@@ -104,6 +104,9 @@ class Conversation(models.Model):
 
     class Meta:
         ordering = ["-updated_at"]
+        # Indexes named here rather than ``db_index=True``, with which PostgreSQL would keep a
+        # second index per text column for ``LIKE 'prefix%'``, which nothing asks.
+        indexes = [models.Index(fields=["owner_key"], name="conversation_owner_key")]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -121,14 +124,15 @@ class Message(models.Model):
         FAILED = "failed"
 
     id = models.UUIDField(primary_key=True, default=ordered_uuid, editable=False)
+    #: Indexed by (conversation, created_at) below, which serves lookups by conversation too.
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="messages"
+        Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False
     )
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     finish_reason = models.CharField(max_length=32, blank=True)
-    request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    request_id = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     #: When the student edited this question, or one before it, or asked for this answer again:
     #: the message stays stored, but neither the page nor the model sees it any more.
@@ -136,7 +140,10 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["created_at"]
-        indexes = [models.Index(fields=["conversation", "created_at"])]
+        indexes = [
+            models.Index(fields=["conversation", "created_at"]),
+            models.Index(fields=["request_id"], name="message_request_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
@@ -159,9 +166,10 @@ class StreamRecord(models.Model):
 
     #: One stream per request id (a unique constraint below); requests refused before their
     #: stream started (no message) may share it: nginx sends a refused request on, same id.
-    request_id = models.CharField(max_length=64, db_index=True)
+    request_id = models.CharField(max_length=64)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
-    owner_key = models.CharField(max_length=80, db_index=True)
+    #: Not indexed: nothing looks records up by their owner.
+    owner_key = models.CharField(max_length=80)
     #: The asker's class (no key: a record outlives its class); null: none.
     classroom_id = models.UUIDField(null=True, blank=True)
     path = models.CharField(max_length=16)
@@ -209,6 +217,7 @@ class StreamRecord(models.Model):
         indexes = [
             models.Index(fields=["path", "created_at"]),
             models.Index(fields=["classroom_id", "created_at"]),
+            models.Index(fields=["request_id"], name="stream_record_request_id"),
         ]
         constraints = [
             models.UniqueConstraint(
