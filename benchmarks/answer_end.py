@@ -14,7 +14,8 @@ Two pieces of every answer's end, each beside the way it was done before:
   UPDATE, then the COMMIT; still SQLite's way), ``copy per table`` the same with a ``COPY``
   per table; ``, random ids`` the writer as it is with random (version 4) ids for the rows and
   the request id, as before ``ordered_uuid``. On PostgreSQL the server's own CPU for the same
-  work follows (its backend process's, from ``/proc``, in steps of the kernel's clock tick).
+  work follows (its backend process's, from ``/proc``, in steps of the kernel's clock tick),
+  then the write-ahead log it wrote per exchange (every row and index entry goes there first).
   Rounds alternate between the ways.
 * **The rows' making**: what ``exchange_rows`` costs per exchange on the thread that makes
   them, the event loop's in a worker (the rows' values, ids and timings included).
@@ -46,8 +47,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.answer_path import POSTGRES  # noqa: E402
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+def spread(values: list[float], *, digits: int = 1) -> str:
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+    )
 
 
 # --- the group writer ---------------------------------------------------------------------
@@ -149,9 +153,23 @@ def server_cpu() -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | None]:
+def wal_position() -> int | None:
+    """Where PostgreSQL's write-ahead log is now (bytes from its start: every change of every
+    row and index entry goes there first); None on SQLite."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+        (position,) = cursor.fetchone()
+    return int(position)
+
+
+def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | None, float | None]:
     """The writing thread's CPU per exchange (µs) over ``batches`` batches of ``batch``
-    exchanges, written ``way``, and the database server's (None: SQLite, in the thread's)."""
+    exchanges, written ``way``, the database server's (None: SQLite, in the thread's), and the
+    bytes of write-ahead log per exchange (None: SQLite)."""
     from assistant.services import persistence
 
     insert, one_statement, new_id = WAYS[way]
@@ -163,14 +181,17 @@ def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | Non
         if not one_statement:
             undo.callback(setattr, persistence, "batch_statement", persistence.batch_statement)
             persistence.batch_statement = lambda tables, connection: None
-        server = server_cpu()
+        server, wal = server_cpu(), wal_position()
         cpu = time.thread_time()
         for rows in made:
             persistence.rows_write(rows)
         cpu = time.thread_time() - cpu
+        exchanges = batch * batches
         if server is not None:
-            server = (server_cpu() - server) / (batch * batches) * 1e6  # type: ignore[operator]
-    return cpu / (batch * batches) * 1e6, server
+            server = (server_cpu() - server) / exchanges * 1e6  # type: ignore[operator]
+        if wal is not None:
+            wal = (wal_position() - wal) / exchanges  # type: ignore[operator]
+    return cpu / exchanges * 1e6, server, wal
 
 
 def rows_made(rounds: int, exchanges: int = 5000) -> str:
@@ -203,24 +224,31 @@ def writer(args: argparse.Namespace) -> None:
             writer_round(batch, 5, way)  # warm up: the connection
         figures: dict[str, list[float]] = {way: [] for way in ways}
         servers: dict[str, list[float]] = {way: [] for way in ways}
+        logged: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.rounds):
             for way in ways:
-                thread, server = writer_round(batch, max(1, args.batches // batch), way)
+                thread, server, wal = writer_round(batch, max(1, args.batches // batch), way)
                 figures[way].append(thread)
                 if server is not None:
                     servers[way].append(server)
+                if wal is not None:
+                    logged[way].append(wal)
         for way, values in figures.items():
             print(
                 f"writer {kind} {way}: {spread(values)} us of CPU per exchange, batches of {batch}",
                 flush=True,
             )
-        for way, values in servers.items():
-            if values:
-                print(
-                    f"server {kind} {way}: {spread(values)} us of CPU per exchange, "
-                    f"batches of {batch}",
-                    flush=True,
-                )
+        for whose, found, unit, digits in (
+            ("server", servers, "us of CPU", 1),
+            ("wal", logged, "bytes", 0),
+        ):
+            for way, values in found.items():
+                if values:
+                    print(
+                        f"{whose} {kind} {way}: {spread(values, digits=digits)} {unit} per "
+                        f"exchange, batches of {batch}",
+                        flush=True,
+                    )
     connection.close()
 
 

@@ -144,8 +144,8 @@ def test_the_answer_path_benchmark_answers_in_process(stores: str, hiredis: bool
 
 def test_the_answer_end_benchmark_prints_each_way_and_drops_its_database() -> None:
     """benchmarks/answer_end.py: the group writer each way on PostgreSQL (with the server's own
-    CPU) and on SQLite, under ordered and random ids, and the inter-token histogram both ways in
-    one process and in multiprocess mode."""
+    CPU and the write-ahead log it wrote) and on SQLite, under ordered and random ids, and the
+    inter-token histogram both ways in one process and in multiprocess mode."""
     command = ["benchmarks/answer_end.py", "--batch", "2", "--batches", "4", "--rounds", "1"]
     command += ["--gaps", "5"]
     done = subprocess.run(
@@ -155,13 +155,13 @@ def test_the_answer_end_benchmark_prints_each_way_and_drops_its_database() -> No
     figures = {
         line.split(":")[0]: float(line.split(": ")[1].split()[0])
         for line in done.stdout.splitlines()
-        if line.startswith(("writer", "server", "histogram"))
+        if line.startswith(("writer", "server", "wal", "histogram"))
     }
     ways = ("one statement", "insert per table", "copy per table")
     ways += ("one statement, random ids", "insert per table, random ids")
     sqlite = ("insert per table", "insert per table, random ids")
     assert set(figures) == {
-        f"{whose} postgresql {way}" for whose in ("writer", "server") for way in ways
+        f"{whose} postgresql {way}" for whose in ("writer", "server", "wal") for way in ways
     } | {f"writer sqlite {way}" for way in sqlite} | {
         f"histogram {mode} {way}"
         for mode in ("one process", "multiprocess")
