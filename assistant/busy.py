@@ -1,4 +1,5 @@
-"""Refusals for a while, as a browser and a script each expect them, and the site's 500 handler.
+"""Refusals for a while, as a browser and a script each expect them, and the site's 400 and 500
+handlers.
 
 A page load a worker cannot serve now (too many at once, a database that keeps it waiting past
 its pool's timeout) is told to come back, never shown an error page: 503 or 429 with
@@ -10,10 +11,12 @@ answers with.
 import sys
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import translation
+from django.views.defaults import bad_request as django_bad_request
 from django.views.defaults import server_error as django_server_error
 
 from assistant import errors, http
@@ -57,6 +60,19 @@ def busy_response(request: HttpRequest, refused: Rejected) -> HttpResponse:
 def _database_unavailable() -> bool:
     _, exc, _ = sys.exc_info()
     return isinstance(exc, OperationalError | InterfaceError)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler400``: a request Django could not read (a multipart body it cannot parse, a host
+    it does not serve, a body over its limits), refused before a view could answer it. Django's
+    plain page to a navigation, the JSON error to anything else, as the chat API answers."""
+    if wants_page(request):
+        return django_bad_request(request, exception)
+    if isinstance(exception, DisallowedHost):
+        return http.api_error(errors.BAD_HOST)
+    if isinstance(exception, RequestDataTooBig):
+        return http.api_error(errors.BODY_TOO_LARGE)
+    return http.api_error(errors.BAD_REQUEST)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

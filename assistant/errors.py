@@ -57,6 +57,7 @@ UNSUPPORTED_MEDIA_TYPE = ApiError(
     _("Send the request body as JSON (Content-Type: application/json)."),
 )
 BODY_TOO_LARGE = ApiError(413, "body_too_large", _("The request body is too large."))
+BAD_REQUEST = ApiError(400, "bad_request", _("The request could not be read."))
 REQUEST_TIMEOUT = ApiError(
     408, "request_timeout", _("The request took too long to arrive. Send it again.")
 )

@@ -14,5 +14,7 @@ urlpatterns = [
     path("", include("django_prometheus.urls")),
 ]
 
+# A request Django cannot read answers the JSON error to a script, not an HTML page.
+handler400 = "assistant.busy.bad_request"
 # A database that cannot take a request now answers 503 with Retry-After, not a 500 page.
 handler500 = "assistant.busy.server_error"

@@ -111,6 +111,22 @@ def test_unknown_host_gets_400(chat_client: ChatClient, url: str) -> None:
     assert error_of(response)[:2] == (400, "bad_host")
 
 
+def test_a_body_django_cannot_read_is_the_json_error(chat_client: ChatClient) -> None:
+    """A request Django itself refuses before a view answers (``handler400``; here a report,
+    as sendBeacon sends it with its token in the body, whose multipart body the CSRF check
+    cannot parse): the JSON error to a script, Django's page to a browser's navigation."""
+    report = {"request_id": "0" * 32, "outcome": "ok", "csrf_token": chat_client.csrf_token}
+    body = json.dumps(report).encode()
+    headers = {"Content-Type": "multipart/form-data", "X-CSRFToken": ""}
+    response = chat_client.raw(body, headers=headers, path="/api/chat/beacon")
+    assert error_of(response)[:2] == (400, "bad_request")
+    page = chat_client.raw(
+        body, headers={**headers, "Accept": "text/html"}, path="/api/chat/beacon"
+    )
+    assert page.status == 400
+    assert (page.header("content-type") or "").startswith("text/html")
+
+
 def test_unknown_conversation_gets_404(chat_client: ChatClient, url: str) -> None:
     response = chat_client.raw({"message": "hi", "conversation": str(uuid.uuid4())}, path=url)
     assert error_of(response)[:2] == (404, "conversation_not_found")

@@ -168,12 +168,6 @@ def stream_answer(body: bytes, *, after: int = 0) -> Answer:
     return Answer(meta, tokens, end.event, end_data)
 
 
-def is_twisted_multipart_refusal(response: RawResponse, body: bytes) -> bool:
-    """Twisted parses ``multipart/form-data`` bodies itself and answers a bare 400 (no headers,
-    no body) to one it cannot parse, before the application sees the request."""
-    return response.status == 400 and not response.headers and body == b""
-
-
 def check_error(response: RawResponse, body: bytes) -> dict[str, str]:
     """A 4xx: JSON ``{"error": {"code", "message"}}``, no traceback."""
     assert 400 <= response.status < 500, (response.status, body[:500])
@@ -235,13 +229,6 @@ def send(
     assert elapsed < ANSWER_WITHIN_S, f"answered after {elapsed:.1f} s"
     assert response.status < 500, (response.status, answer_body[:500])
     outcome = Outcome(response, answer_body)
-    content_type = all_headers.get("Content-Type", "")
-    if content_type.lower().startswith("multipart/") and is_twisted_multipart_refusal(
-        response, answer_body
-    ):
-        if currently_in_test_context():
-            event("400 from Twisted's multipart parser")
-        return outcome
     if response.status == 200:
         assert response.header("content-type") == "text/event-stream; charset=utf-8"
         outcome.answer = stream_answer(answer_body, after=after)
@@ -490,9 +477,6 @@ def test_odd_headers_get_an_error_or_a_whole_stream(
         headers["X-CSRFToken"] = csrf
     body = b'{"message": "Why is the sky blue?"}'
     outcome = send(server, visitor, body, path=path, headers=headers)
-    if content_type.lower().startswith("multipart/") and outcome.error is None:
-        assert outcome.answer is None
-        return  # Twisted refused it (see is_twisted_multipart_refusal)
     if not is_json_type(content_type):
         assert outcome.error is not None and outcome.error["code"] == "unsupported_media_type"
         return

@@ -7,11 +7,13 @@ import json
 import re
 
 import pytest
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.test import RequestFactory
 
-from assistant.busy import server_error, wants_page
+from assistant.busy import bad_request, server_error, wants_page
 from assistant.middleware import PageLineMiddleware
 from assistant.services.page_line import RETRY_S, PageLine, page_line
 
@@ -193,3 +195,31 @@ def test_only_a_database_that_could_not_serve_is_503_not_500(
     if kind == "application/json":
         code = json.loads(response.content)["error"]["code"]
         assert code == ("database_unavailable" if status == 503 else "server_error")
+
+
+@pytest.mark.parametrize("accept", [NAVIGATION, "*/*"])
+@pytest.mark.parametrize(
+    ("refused", "status", "code"),
+    [
+        (MultiPartParserError("Invalid boundary in multipart: None"), 400, "bad_request"),
+        (DisallowedHost("Invalid HTTP_HOST header"), 400, "bad_host"),
+        (
+            RequestDataTooBig("Request body exceeded DATA_UPLOAD_MAX_MEMORY_SIZE."),
+            413,
+            "body_too_large",
+        ),
+        (SuspiciousOperation("anything else"), 400, "bad_request"),
+    ],
+)
+def test_a_request_django_refuses_is_the_json_error_to_a_script(
+    accept: str, refused: Exception, status: int, code: str
+) -> None:
+    """``handler400``: Django's own page (400) to a navigation, the JSON error the API answers
+    with to anything else."""
+    request = RequestFactory().post("/api/chat/beacon", headers={"accept": accept})
+    response = bad_request(request, refused)
+    if accept == NAVIGATION:
+        assert (response.status_code, response["Content-Type"][:9]) == (400, "text/html")
+    else:
+        assert (response.status_code, response["Content-Type"]) == (status, "application/json")
+        assert json.loads(response.content)["error"]["code"] == code
