@@ -6,11 +6,13 @@ to ``--timeout-graceful-shutdown`` seconds, which ``chatsite.uvicorn_server`` se
 and stores what was said). Then it sends ``lifespan.shutdown``: the answers those requests leave
 behind (a detached one kept for a resume, the stores of those just ended) are stopped and
 stored here before the process exits, within ``SHUTDOWN_STORE_S``, as Daphne's shutdown does
-through ``internals.await_at_shutdown``.
+through ``internals.await_at_shutdown``. Last, the worker's event loop closes its Redis client
+(``assistant/loop_redis.py``).
 """
 
 from typing import Any
 
+from assistant.loop_redis import loop_redis_close
 from assistant.services.background import drain
 
 #: How long the answers left at shutdown have to be stored (the same bound as under Daphne).
@@ -25,6 +27,13 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            await drain(within_s=SHUTDOWN_STORE_S)
+            await worker_stopping()
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def worker_stopping() -> None:
+    """A worker's last work, under either server: the answers left stored (within
+    ``SHUTDOWN_STORE_S``), then its event loop's Redis client closed."""
+    await drain(within_s=SHUTDOWN_STORE_S)
+    await loop_redis_close()

@@ -13,11 +13,19 @@ and ``incr``: three round trips, ``SET NX``, ``EXISTS``, ``INCRBY``) and then th
 the time a question waits and the CPU time of the thread asking (what the worker pays) are
 shown.
 
+A third table is what an answer's give-back costs the worker on Redis, ``--concurrency`` at a
+time from the event loop (uvloop, as the servers run it): sent from a database thread
+(``run_db``, as every step of the slot store was) and sent by the loop's own client
+(``release_on_loop``, ``assistant/loop_redis.py``), in turns; the CPU time of the whole process
+per give-back, and the wall time.
+
 Usage: python benchmarks/stream_slots.py [--rounds 2000] [--caps 1 100 100000] [--held 0]
+                                         [--concurrency 50]
 Needs the Redis at 127.0.0.1:6379 (keys under a prefix of the run's own, deleted after).
 """
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -40,12 +48,15 @@ from django.core.cache.backends.locmem import LocMemCache  # noqa: E402
 from django.core.cache.backends.redis import RedisCache  # noqa: E402
 
 from assistant.cache import SharedRedisCache  # noqa: E402
+from assistant.db import run_db  # noqa: E402
+from assistant.loop_redis import loop_redis_allow, loop_redis_close  # noqa: E402
 from assistant.services.stream_slots import (  # noqa: E402
     MemorySlots,
     RateCount,
     RedisSlots,
     SlotStore,
 )
+from chatsite.event_loop import event_loop_install  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 OWNER = "session:bench"
@@ -153,11 +164,52 @@ def admissions(prefix: str, rounds: int) -> None:
         print(f"{name:<7}  {new[0]:>8.1f}  {new[1]:>8.1f}  {old[0]:>8.1f}  {old[1]:>8.1f}")
 
 
+async def give_backs(
+    store: RedisSlots, *, rounds: int, concurrency: int, on_loop: bool
+) -> tuple[float, float]:
+    """Microseconds of the process's CPU and of wall time per give-back, ``rounds`` slots (one
+    per student) given back ``concurrency`` at a time."""
+    owners = [f"{OWNER}-{number}" for number in range(rounds)]
+    for owner in owners:
+        assert store.take(owner, "r", limit=1, ttl_s=TTL_S).taken
+    pending = iter(owners)
+
+    async def giver() -> None:
+        for owner in pending:
+            if on_loop:
+                assert await store.release_on_loop(owner, "r")
+            else:
+                await run_db(store.release, owner, "r")
+
+    started, started_cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(giver() for _ in range(concurrency)))
+    cpu, wall = time.process_time() - started_cpu, time.perf_counter() - started
+    return cpu * 1e6 / rounds, wall * 1e6 / rounds
+
+
+async def give_backs_compared(prefix: str, rounds: int, concurrency: int) -> None:
+    store = RedisSlots(REDIS_URL, prefix)
+    print(f"\nan answer's give-back on Redis, {concurrency} at a time, {rounds} a turn (µs each)")
+    print(f"{'sent':<20}  {'CPU':>8}  {'wall':>8}")
+    loop_redis_allow()
+    try:
+        for turn in range(4):
+            on_loop = bool(turn % 2)
+            cpu, wall = await give_backs(
+                store, rounds=rounds, concurrency=concurrency, on_loop=on_loop
+            )
+            sent = "by the loop's client" if on_loop else "from a thread"
+            print(f"{sent:<20}  {cpu:>8.1f}  {wall:>8.1f}")
+    finally:
+        await loop_redis_close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--caps", type=int, nargs="+", default=[1, 100, 100_000])
     parser.add_argument("--held", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=50, help="give-backs at once")
     args = parser.parse_args()
     prefix = f"bench-slots-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(REDIS_URL)
@@ -179,6 +231,8 @@ def main() -> None:
                 old = measure(per_slot_keys(cache, cap), rounds=rounds, held=args.held)
                 print(f"{cap:>8}  {name:<7}  {new:>9.1f}  {old:>14.1f}")
         admissions(prefix, args.rounds)
+        event_loop_install()
+        asyncio.run(give_backs_compared(prefix, args.rounds, args.concurrency))
     finally:
         keys_deleted(client, prefix)
 

@@ -16,10 +16,9 @@ from assistant import engines, internals, probes  # noqa: E402
 from assistant.collector import collector_settle  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.latency_probe import latency_probe  # noqa: E402
-from assistant.lifespan import SHUTDOWN_STORE_S, lifespan  # noqa: E402
+from assistant.lifespan import lifespan, worker_stopping  # noqa: E402
 from assistant.openai_api import OpenAIRouter  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
-from assistant.services.background import drain  # noqa: E402
 
 # Several workers share PROMETHEUS_MULTIPROC_DIR: when this one exits, its live gauges
 # (streams open now) must stop counting.
@@ -34,7 +33,7 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 # the answers they leave behind are stored before the reactor stops (bounded, 5 s). Under another
 # server no Twisted reactor runs, and this never fires: uvicorn sends ``lifespan.shutdown``
 # instead (assistant/lifespan.py).
-internals.await_at_shutdown(lambda: drain(within_s=SHUTDOWN_STORE_S))
+internals.await_at_shutdown(worker_stopping)
 
 # Load the models now, once per process, so the first student does not wait for them.
 if os.environ.get("CHATSITE_PRELOAD_ENGINE", "1") == "1":

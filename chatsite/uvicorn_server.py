@@ -47,6 +47,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from assistant.loop_redis import loop_redis_allow
 from assistant.worker import server_set
 from chatsite.event_loop import event_loop_install
 
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     args = parser.parse_args(argv)
     server_set("uvicorn")
+    loop_redis_allow()  # its event loop sends an answer's Redis steps itself
     worker = config(args.host, args.port)
     from django.conf import settings
 

@@ -109,10 +109,12 @@ async def _slot_call[**P, R](function: Callable[P, R], *args: P.args, **kwargs: 
 
 async def chat_slot_release(*, owner_key: str, request_id: str) -> None:
     """``chat_release`` from the event loop: in place when the slots are this process's memory,
-    else on a database thread. A failure is logged: the slot frees itself after ``SLOT_TTL_S``."""
+    by the loop's own Redis client where the server gave it one, else on a database thread. A
+    failure is logged: the slot frees itself after ``SLOT_TTL_S``."""
     if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
         return  # no slots to give back: no trip to a thread
     try:
-        await _slot_call(chat_release, owner_key=owner_key, request_id=request_id)
+        if not await slot_store().release_on_loop(owner_key, request_id):
+            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
     except Exception:
         logger.exception("Could not give back the stream slot of %s", request_id)

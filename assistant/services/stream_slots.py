@@ -13,7 +13,9 @@ and ``incr``: ``SET NX``, ``EXISTS``, ``INCRBY``). A question over its rate take
 Two stores, chosen by the cache the site runs on: Redis (the production profile: every worker
 counts together; a sorted set per student and a Lua script for each step) or this process's
 memory (one process, as the local profile's cache is). Synchronous: a Redis step is a network
-round trip, so async code calls them through ``run_db`` unless ``slots_in_process()``.
+round trip, so async code calls them through ``run_db`` unless ``slots_in_process()``; but
+giving a slot back, which every answer does, goes from the event loop where the server gave it
+a client of its own (``release_on_loop``, ``assistant/loop_redis.py``).
 """
 
 import threading
@@ -28,6 +30,7 @@ from django.core.cache.backends.base import default_key_func
 from django.core.cache.backends.redis import RedisCache
 
 from assistant.cache import count_lua
+from assistant.loop_redis import loop_redis
 from assistant.services.ratelimit import counter_hit
 
 #: How many holders a refusal lists (an answer among them may be taken over).
@@ -75,6 +78,11 @@ class SlotStore(Protocol):
         ...
 
     def release(self, owner_key: str, request_id: str) -> None: ...
+
+    async def release_on_loop(self, owner_key: str, request_id: str) -> bool:
+        """``release`` from the event loop without a thread, where the store can; False, having
+        done nothing, where it cannot (call ``release`` on a thread)."""
+        ...
 
     def hand_over(
         self,
@@ -129,6 +137,10 @@ class MemorySlots:
                 held.pop(request_id, None)
                 if not held:
                     del self._sets[owner_key]
+
+    async def release_on_loop(self, owner_key: str, request_id: str) -> bool:
+        self.release(owner_key, request_id)  # memory: microseconds, in place
+        return True
 
     def hand_over(
         self,
@@ -216,6 +228,7 @@ class RedisSlots:
         import redis
 
         self._client = redis.Redis.from_url(url)
+        self._url = url
         self._prefix = prefix
         self._count_key = count_key or (lambda key: default_key_func(key, prefix, 1))
         self._take = self._client.register_script(_TAKE)
@@ -248,6 +261,15 @@ class RedisSlots:
 
     def release(self, owner_key: str, request_id: str) -> None:
         self._client.zrem(self._key(owner_key), request_id)
+
+    async def release_on_loop(self, owner_key: str, request_id: str) -> bool:
+        """``release`` by the event loop's own client (``assistant.loop_redis``), where the loop
+        has one."""
+        client = loop_redis(self._url)
+        if client is None:
+            return False
+        await client.zrem(self._key(owner_key), request_id)
+        return True
 
     def hand_over(
         self,

@@ -5,7 +5,8 @@ Django makes a cache object per thread and, on the event loop, per task; each of
 objects made its own client, so every answer (a cache call looked up on the event loop) and
 every page view (the session middleware's ``SessionStore``) opened a new connection to Redis.
 ``assistant.cache.SharedRedisCache`` shares one client per process, and ``assistant.db.run_cache``
-looks the cache up on a reader thread. Redis counts every connection it accepts
+looks the cache up on a reader thread; the one command every answer sends at its end goes from
+the event loop (``assistant/loop_redis.py``). Redis counts every connection it accepts
 (``total_connections_received``): once the worker is warm, more answers and more page views must
 not add connections. The tests run alone against the machine's Redis, so nothing else connects
 meanwhile but their own counter reads.
@@ -18,6 +19,7 @@ import pytest
 import redis
 from django.utils import timezone
 
+from assistant.loop_redis import LOOP_CLIENT_NAME
 from assistant.models import StreamRecord
 from tests.support import REDIS_URL, ChatClient, wait_for
 
@@ -79,3 +81,30 @@ def test_more_page_views_open_no_more_connections_to_redis(
             browser.get("/").raise_for_status()
         opened = connections_received() - before - 1
     assert opened <= 3, f"{opened} connections to Redis for {COUNTED} page views"
+
+
+@pytest.mark.parametrize("server_kind", ["daphne", "uvicorn"])
+def test_answers_give_their_slots_back_from_the_event_loop(
+    worker_factory, server_kind: str, redis_prefix: str
+) -> None:
+    """Each answer gives back its stream slot by the worker's event loop's own client
+    (``assistant/loop_redis.py``, named in Redis's client list with the worker's process id),
+    not from a reader thread."""
+    worker = worker_factory(
+        CHATSITE_REDIS_URL=REDIS_URL, CHATSITE_REDIS_PREFIX=redis_prefix, CHATSITE_CHAT_RATE="1000"
+    )
+    client = ChatClient(worker)
+    try:
+        for _ in range(3):
+            events = client.ask(QUESTION)
+            assert events[-1].event == "done", events[-3:]
+    finally:
+        client.close()
+    admin = redis.Redis.from_url(REDIS_URL)
+    try:
+        name = f"{LOOP_CLIENT_NAME}-{worker.process.pid}"
+        mine = [c for c in admin.client_list() if c["name"] == name]
+    finally:
+        admin.close()
+    # One connection was enough for answers one at a time; its last command gave a slot back.
+    assert [c["cmd"] for c in mine] == ["zrem"], mine

@@ -1,0 +1,121 @@
+"""An answer's stream slot given back from the event loop (``assistant/loop_redis.py``), on the
+production profile's slots in the real Redis at 127.0.0.1:6379 (under a prefix of each test's
+own): without a trip to a database thread where the server gave its loop a client, through one
+everywhere else, and the client's connections closed when the worker stops."""
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from assistant import loop_redis
+from assistant.services import admission
+from assistant.services.admission import chat_admit, chat_slot_release
+from assistant.services.stream_slots import RedisSlots, slot_store
+from tests.assistant.services.test_admission import redis_site
+from tests.support import REDIS_URL
+
+OWNER = "session:loop-redis"
+
+# A trip to a database thread checks that thread's connections before and after.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def slots(redis_prefix: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> RedisSlots:
+    """The production profile's slots, one stream at a time per session (the site's default)."""
+    redis_site(settings, redis_prefix, monkeypatch)
+    monkeypatch.setitem(settings.CHATSITE_STREAM, "STREAMS_PER_SESSION", 1)
+    store = slot_store()
+    assert isinstance(store, RedisSlots)
+    return store
+
+
+@pytest.fixture
+def server_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as a server's entry point leaves it: its loop may have a client."""
+    monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
+    loop_redis.loop_redis_allow()
+    yield
+
+
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions a release sent to a database thread."""
+    sent: list[str] = []
+    real = admission.run_db
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(func.__name__)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(admission, "run_db", counted)
+    return sent
+
+
+def connected(client: Any) -> int:
+    """How many of ``client``'s connections are open."""
+    pool = client.connection_pool
+    return sum(c.is_connected for c in [*pool._available_connections, *pool._in_use_connections])
+
+
+def held(request_id: str) -> tuple[str, ...]:
+    """Who holds the session's one slot, as another question's try finds it (and gives back
+    the slot it took, if it took one)."""
+    tried = slot_store().take(OWNER, request_id, limit=1, ttl_s=60)
+    if tried.taken:
+        slot_store().release(OWNER, request_id)
+    return tried.holders
+
+
+async def test_a_servers_loop_gives_the_slot_back_itself_then_closes(
+    slots: RedisSlots, server_loop: None, hops: list[str]
+) -> None:
+    assert chat_admit(owner_key=OWNER, request_id="first").taken
+    assert held("probe") == ("first",)
+    await chat_slot_release(owner_key=OWNER, request_id="first")
+    assert (held("probe"), hops) == ((), [])
+    client = loop_redis.loop_redis(REDIS_URL)
+    assert client is not None
+    assert connected(client) == 1  # kept for the next answer
+
+    await loop_redis.loop_redis_close()
+    assert connected(client) == 0
+    # A worker stopping after its client closed still gives slots back, through a thread.
+    assert chat_admit(owner_key=OWNER, request_id="second").taken
+    await chat_slot_release(owner_key=OWNER, request_id="second")
+    assert (held("probe"), hops) == ((), ["chat_release"])
+    assert loop_redis.loop_redis(REDIS_URL) is None
+
+
+async def test_a_loop_that_is_not_a_servers_goes_through_a_thread(
+    slots: RedisSlots, monkeypatch: pytest.MonkeyPatch, hops: list[str]
+) -> None:
+    """A management command or a test's own loop: no client is made, so none is left open."""
+    monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
+    assert chat_admit(owner_key=OWNER, request_id="first").taken
+    await chat_slot_release(owner_key=OWNER, request_id="first")
+    assert (held("probe"), hops) == ((), ["chat_release"])
+    assert loop_redis._state.clients == {}
+
+
+async def test_only_the_first_loop_has_a_client(slots: RedisSlots, server_loop: None) -> None:
+    """A loop of its own in another thread (asgiref's, for one) gets none, and closes nothing."""
+    mine = loop_redis.loop_redis(REDIS_URL)
+    found: list[object] = []
+
+    def elsewhere() -> None:
+        async def ask() -> None:
+            found.append(loop_redis.loop_redis(REDIS_URL))
+            await loop_redis.loop_redis_close()
+
+        asyncio.run(ask())
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert mine is not None and found == [None]
+    assert loop_redis.loop_redis(REDIS_URL) is mine  # not closed from the other loop
+    await loop_redis.loop_redis_close()
