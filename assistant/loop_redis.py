@@ -1,30 +1,35 @@
 """Redis from the event loop: the round trip every answer makes at its end, without a thread.
 
 A command sent from a database thread (``assistant.db.run_db``) costs that thread's wake-up and,
-when Redis answers, the GIL back from the event loop: with fifty commands at once, about 110 µs
-of the worker's CPU a command, where redis-py's asyncio client sends the same command from the
-loop for 35-50 µs (``benchmarks/stream_slots.py --on-loop``). Every answer gives back its stream
-slot before its last frame (``services/stream_slots.py``): in the production profile that is one
-command to Redis per answer, and it is sent from here.
+when Redis answers, the GIL back from the event loop: with fifty commands at once, 131-149 µs of
+the worker's CPU a command on this machine, where they cost far less sent from the loop
+(``benchmarks/stream_slots.py``). Every answer gives back its stream slot before its last frame
+(``services/stream_slots.py``): in the production profile that is one command to Redis per
+answer, and it is sent from here.
 
-A server process has one event loop, and one client on it, with a few connections (a command
-waits for a free one rather than opening one per answer at once). Only a server opens it: the
-worker's entry points call ``loop_redis_allow`` as they start, and ``loop_redis_close`` runs as
-the worker stops, after the answers left are stored (``assistant/lifespan.py``). On any other
-loop (a management command, a test's own loop, a loop of asgiref's in a thread) ``loop_redis``
+The commands go in batches (``LoopCommands``): those asked for while a batch is on its way go
+together in the next, one pipeline and one round trip. On a busy loop a reply waits for the
+loop's turn however fast Redis is, so commands sent one by one on a few connections would queue
+for a connection (at a thousand students, their give-backs waited seconds); a batch takes
+whatever waits, on one connection, and the busier the loop the more each round trip carries.
+
+A server process has one event loop, and one client on it. Only a server opens it: the worker's
+entry points call ``loop_redis_allow`` as they start, and ``loop_redis_close`` runs as the worker
+stops, after the answers left are stored (``assistant/lifespan.py``). On any other loop (a
+management command, a test's own loop, a loop of asgiref's in a thread) ``loop_redis_commands``
 gives None and the caller goes through a thread as before: a client there would be left with
 open connections when its loop ends.
 """
 
 import asyncio
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-#: Connections the loop's client keeps at most.
-CONNECTIONS = 4
+#: Connections the loop's client keeps: one batch is on its way at a time.
+CONNECTIONS = 1
 #: What its connections are called in Redis's ``CLIENT LIST``, before the worker's process id.
 LOOP_CLIENT_NAME = "chatsite-loop"
 
@@ -36,7 +41,7 @@ class _LoopClients:
         self.allowed = False
         self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.clients: dict[str, Redis] = {}
+        self.clients: dict[str, LoopCommands] = {}
 
 
 _state = _LoopClients()
@@ -48,9 +53,63 @@ def loop_redis_allow() -> None:
     _state.allowed = True
 
 
-def loop_redis(url: str) -> "Redis | None":
-    """The running loop's client for the Redis at ``url``, made on first use; None where the loop
-    may have none (see the module docstring)."""
+class LoopCommands:
+    """Commands to one Redis from the event loop, sent in batches: ``send`` queues one; those
+    queued while a batch is on its way go in the next, one pipeline (one round trip)."""
+
+    def __init__(self, client: "Redis") -> None:
+        self.client = client
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._sending: asyncio.Task[None] | None = None
+
+    def send(self, *command: Any) -> "asyncio.Future[Any]":
+        """Queue ``command`` (``"ZREM", key, member``); its reply, or the error Redis or the
+        connection gave, comes in the future."""
+        loop = asyncio.get_running_loop()
+        reply = loop.create_future()
+        self._queued.append((command, reply))
+        if self._sending is None:
+            self._sending = loop.create_task(self._batches())
+        return reply
+
+    async def _batches(self) -> None:
+        batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    async with self.client.pipeline(transaction=False) as pipe:
+                        for command, _ in batch:
+                            pipe.execute_command(*command)
+                        replies = await pipe.execute(raise_on_error=False)
+                except Exception as error:  # the connection: every command of the batch failed
+                    replies = [error] * len(batch)
+                for (_, reply), found in zip(batch, replies, strict=True):
+                    if reply.done():  # its caller stopped waiting
+                        continue
+                    if isinstance(found, Exception):
+                        reply.set_exception(found)
+                    else:
+                        reply.set_result(found)
+        except BaseException:  # cancelled (the loop is ending): nobody is left waiting forever
+            for _, reply in [*batch, *self._queued]:
+                reply.cancel()
+            self._queued = []
+            raise
+        finally:
+            self._sending = None
+
+    async def close(self) -> None:
+        """Wait for the batch on its way, if any, then close the connection."""
+        sending = self._sending
+        if sending is not None:
+            await asyncio.wait({sending})
+        await self.client.aclose()
+
+
+def loop_redis_commands(url: str) -> LoopCommands | None:
+    """The running loop's commands to the Redis at ``url``, its client made on first use; None
+    where the loop may have none (see the module docstring)."""
     state = _state
     if not state.allowed or state.closed:
         return None
@@ -59,24 +118,26 @@ def loop_redis(url: str) -> "Redis | None":
         state.loop = loop
     elif loop is not state.loop:
         return None
-    client = state.clients.get(url)
-    if client is None:
+    commands = state.clients.get(url)
+    if commands is None:
         from redis.asyncio import BlockingConnectionPool, Redis
 
         pool = BlockingConnectionPool.from_url(
             url, max_connections=CONNECTIONS, client_name=f"{LOOP_CLIENT_NAME}-{os.getpid()}"
         )
-        client = state.clients[url] = Redis.from_pool(pool)  # closing it closes the pool
-    return client
+        client = Redis.from_pool(pool)  # closing it closes the pool
+        commands = state.clients[url] = LoopCommands(client)
+    return commands
 
 
 async def loop_redis_close() -> None:
-    """Close the loop's clients (the worker is stopping); from now on ``loop_redis`` gives None.
+    """Close the loop's clients (the worker is stopping), each after the batch on its way; from
+    now on ``loop_redis_commands`` gives None.
     On another loop than the clients', nothing is closed."""
     state = _state
     if state.loop is not None and asyncio.get_running_loop() is not state.loop:
         return
     state.closed = True
     clients, state.clients = state.clients, {}
-    for client in clients.values():
-        await client.aclose()
+    for commands in clients.values():
+        await commands.close()

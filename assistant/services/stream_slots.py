@@ -30,7 +30,7 @@ from django.core.cache.backends.base import default_key_func
 from django.core.cache.backends.redis import RedisCache
 
 from assistant.cache import count_lua
-from assistant.loop_redis import loop_redis
+from assistant.loop_redis import loop_redis_commands
 from assistant.services.ratelimit import counter_hit
 
 #: How many holders a refusal lists (an answer among them may be taken over).
@@ -263,12 +263,12 @@ class RedisSlots:
         self._client.zrem(self._key(owner_key), request_id)
 
     async def release_on_loop(self, owner_key: str, request_id: str) -> bool:
-        """``release`` by the event loop's own client (``assistant.loop_redis``), where the loop
-        has one."""
-        client = loop_redis(self._url)
-        if client is None:
+        """``release`` by the event loop's own client (``assistant.loop_redis``), in a batch with
+        the other answers' of the moment, where the loop has one."""
+        commands = loop_redis_commands(self._url)
+        if commands is None:
             return False
-        await client.zrem(self._key(owner_key), request_id)
+        await commands.send("ZREM", self._key(owner_key), request_id)
         return True
 
     def hand_over(

@@ -77,8 +77,9 @@ async def test_a_servers_loop_gives_the_slot_back_itself_then_closes(
     assert held("probe") == ("first",)
     await chat_slot_release(owner_key=OWNER, request_id="first")
     assert (held("probe"), hops) == ((), [])
-    client = loop_redis.loop_redis(REDIS_URL)
-    assert client is not None
+    commands = loop_redis.loop_redis_commands(REDIS_URL)
+    assert commands is not None
+    client = commands.client
     assert connected(client) == 1  # kept for the next answer
 
     await loop_redis.loop_redis_close()
@@ -87,7 +88,7 @@ async def test_a_servers_loop_gives_the_slot_back_itself_then_closes(
     assert chat_admit(owner_key=OWNER, request_id="second").taken
     await chat_slot_release(owner_key=OWNER, request_id="second")
     assert (held("probe"), hops) == ((), ["chat_release"])
-    assert loop_redis.loop_redis(REDIS_URL) is None
+    assert loop_redis.loop_redis_commands(REDIS_URL) is None
 
 
 async def test_a_loop_that_is_not_a_servers_goes_through_a_thread(
@@ -103,12 +104,12 @@ async def test_a_loop_that_is_not_a_servers_goes_through_a_thread(
 
 async def test_only_the_first_loop_has_a_client(slots: RedisSlots, server_loop: None) -> None:
     """A loop of its own in another thread (asgiref's, for one) gets none, and closes nothing."""
-    mine = loop_redis.loop_redis(REDIS_URL)
+    mine = loop_redis.loop_redis_commands(REDIS_URL)
     found: list[object] = []
 
     def elsewhere() -> None:
         async def ask() -> None:
-            found.append(loop_redis.loop_redis(REDIS_URL))
+            found.append(loop_redis.loop_redis_commands(REDIS_URL))
             await loop_redis.loop_redis_close()
 
         asyncio.run(ask())
@@ -117,5 +118,44 @@ async def test_only_the_first_loop_has_a_client(slots: RedisSlots, server_loop: 
     thread.start()
     thread.join()
     assert mine is not None and found == [None]
-    assert loop_redis.loop_redis(REDIS_URL) is mine  # not closed from the other loop
+    assert loop_redis.loop_redis_commands(REDIS_URL) is mine  # not closed from the other loop
     await loop_redis.loop_redis_close()
+
+
+async def test_slots_given_back_at_once_go_in_one_round_trip(
+    slots: RedisSlots, server_loop: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fifty answers ending together: one pipeline carries every give-back, where one command
+    each would queue for the connection."""
+    owners = [f"{OWNER}-{number}" for number in range(50)]
+    for owner in owners:
+        assert chat_admit(owner_key=owner, request_id="r").taken
+    commands = loop_redis.loop_redis_commands(REDIS_URL)
+    assert commands is not None
+    pipelines = []
+    made = commands.client.pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        pipelines.append(1)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(commands.client, "pipeline", counted)
+    await asyncio.gather(*(chat_slot_release(owner_key=o, request_id="r") for o in owners))
+    assert len(pipelines) == 1
+    assert all(slot_store().take(o, "again", limit=1, ttl_s=60).taken for o in owners)
+    await loop_redis.loop_redis_close()
+
+
+async def test_a_redis_out_of_reach_fails_each_command_of_the_batch() -> None:
+    """Every command of a batch gets the connection's error (``chat_slot_release`` logs it; the
+    slot frees itself after its time to live), and the next batch tries again."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    commands = loop_redis.LoopCommands(Redis.from_url("redis://127.0.0.1:1/0"))
+    replies = [commands.send("ZREM", "k", str(number)) for number in range(3)]
+    found = await asyncio.gather(*replies, return_exceptions=True)
+    assert [type(error).__name__ for error in found] == ["ConnectionError"] * 3
+    with pytest.raises(RedisConnectionError):
+        await commands.send("ZREM", "k", "again")
+    await commands.close()
