@@ -9,7 +9,12 @@ every ``itl_ms``; what the stack adds to that gap is the *added inter-token late
 A level passes when no answer failed, the P99 of the added ITL is within its limit (50 ms by
 default) and the P99 of the added time to the first token within its own (500 ms, the HighTTFT
 alert's threshold): a server that has more students than it can take makes them wait at the
-door, where their answers, once started, may still stream on time.
+door, where their answers, once started, may still stream on time. That wait counts from the
+moment the student asks, before the connection is open: a server whose listen queue is full
+keeps its students in the kernel's retries, and the time to the first token shows it. And the
+P99 of the wait from the last token to ``done`` must be within the ITL limit too: the engine's
+stream ends with its last token, the page lets the student ask again at ``done``, and a server
+slow to end its answers keeps fewer of them streaming (their gaps then look short).
 
 The client is cheap on purpose: one timestamp per read from the socket and a count of
 ``event: token`` markers in it, no event parsing, so that the load generator's own CPU stays
@@ -42,6 +47,8 @@ class Answer:
     gaps_s: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    #: Seconds from the last token frame to the ``done`` event.
+    end_s: float | None = None
 
 
 class Markers:
@@ -71,8 +78,10 @@ async def answer(
     local = (source, 0) if source else None
     try:
         async with asyncio.timeout(timeout_s):
+            # ``sent`` stays the moment the student asked: a connection the server is slow to
+            # take (a full listen queue, whose dropped SYN the kernel sends again a second
+            # later) is part of the wait for the first token.
             reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)
-            result.sent = time.perf_counter()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
@@ -94,6 +103,8 @@ async def answer(
                     result.tokens += 1
             if not done:
                 result.error = "ended before event: done"
+            elif result.ttft_s is not None:
+                result.end_s = time.perf_counter() - last
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as error:
         result.error = type(error).__name__
     finally:
@@ -152,6 +163,8 @@ class Level:
     added_itl_max: float | None
     server_cpu: float
     client_cpu: float
+    #: From the last token to ``done`` (the engine adds nothing there).
+    added_end_p99: float | None = None
     first_error: str | None = None
 
     def passes(self, itl_limit_ms: float, ttft_limit_ms: float = TTFT_LIMIT_MS) -> bool:
@@ -162,6 +175,7 @@ class Level:
             and self.added_itl_p99 <= itl_limit_ms
             and self.added_ttft_p99 is not None
             and self.added_ttft_p99 <= ttft_limit_ms
+            and (self.added_end_p99 is None or self.added_end_p99 <= itl_limit_ms)
         )
 
 
@@ -187,6 +201,7 @@ def level_figures(
     ok = [a for a in answers if not a.error]
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
     gaps = [gap for a in ok for gap in a.gaps_s]
+    ends = [a.end_s for a in ok if a.end_s is not None]
     return Level(
         students=students,
         answers=len(answers),
@@ -199,6 +214,7 @@ def level_figures(
         added_itl_max=_ms(gaps, 100, itl_ms),
         server_cpu=round(server_cpu_s / wall_s, 3),
         client_cpu=round(client_cpu_s / wall_s, 3),
+        added_end_p99=_ms(ends, 99, 0),
         first_error=failed[0].error if failed else None,
     )
 

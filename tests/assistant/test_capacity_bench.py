@@ -11,6 +11,7 @@ import pytest
 from assistant.benchmarking.capacity import (
     Answer,
     Markers,
+    answer,
     crowd,
     level_figures,
     next_level,
@@ -74,6 +75,15 @@ def test_figures_take_the_engines_own_delays_off() -> None:
     assert waiting.added_ttft_p99 is not None and waiting.added_ttft_p99 > 500
     assert not waiting.passes(50)  # streams on time once started, but waited 800 ms to start
     assert waiting.passes(50, ttft_limit_ms=1000)
+    late = Answer(sent=0.0, ttft_s=0.1, gaps_s=[0.05], tokens=2, end_s=0.4)
+    ending = level_figures(
+        10, [*ok, *[late] * 2], ttft_ms=100, itl_ms=50,
+        measure_s=2, server_cpu_s=0, client_cpu_s=0, wall_s=1,
+    )  # fmt: skip
+    assert ending.added_itl_p99 is not None and ending.added_itl_p99 <= 2.0
+    assert ending.added_end_p99 is not None and ending.added_end_p99 > 50
+    assert not ending.passes(50)  # every token on time, but done came 400 ms after the last
+    assert ending.passes(500)
 
 
 def search(
@@ -130,6 +140,7 @@ def test_students_in_a_closed_loop_read_whole_answers_from_daphne(worker: LiveSe
     assert {len(a.gaps_s) for a in answers} == {5}
     assert all(a.ttft_s is not None and a.ttft_s >= 0.03 for a in answers)
     assert all(gap >= 0 for a in answers for gap in a.gaps_s)
+    assert all(a.end_s is not None and a.end_s >= 0 for a in answers)
     assert 0 < client_cpu_s < 60
 
     forged = build_request(worker.port, body, cookies, "not-the-token")
@@ -162,3 +173,32 @@ def test_each_student_sends_their_own_request_from_their_own_address() -> None:
     answers = asyncio.run(run())
     assert answers and all(a.error is None and a.tokens == 7 for a in answers)
     assert seen == {("127.0.2.1", "/s0"), ("127.0.2.2", "/s1"), ("127.0.2.3", "/s2")}
+
+
+def test_the_wait_for_a_connection_counts_in_the_time_to_the_first_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server slow to take a connection (its listen queue full) keeps the student waiting at
+    the door: the time to the first token counts from the question, not from the connection."""
+    opened = asyncio.open_connection
+
+    async def slow_to_open(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(0.3)
+        return await opened(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + STREAM)
+        await writer.drain()
+        writer.close()
+
+    async def run() -> Answer:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await answer(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    monkeypatch.setattr(asyncio, "open_connection", slow_to_open)
+    found = asyncio.run(run())
+    assert found.error is None and found.tokens == 7
+    assert found.ttft_s is not None and found.ttft_s >= 0.3
