@@ -53,7 +53,6 @@ from daphne.http_protocol import WebRequest  # noqa: E402
 from daphne.server import Server  # noqa: E402
 
 from assistant import internals  # noqa: E402
-from assistant.loop_redis import loop_redis_allow  # noqa: E402
 from assistant.worker import server_set  # noqa: E402
 
 logger = logging.getLogger("assistant.server")
@@ -197,7 +196,6 @@ def _event_loop_log() -> None:
 
 def main() -> None:
     server_set("daphne")
-    loop_redis_allow()  # its event loop sends an answer's Redis steps itself
     internals.daphne_command_line(ChatsiteServer).entrypoint()
 
 
