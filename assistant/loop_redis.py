@@ -1,7 +1,7 @@
 """Redis from the event loop: the round trip every answer makes at its end, without a thread.
 
 A command sent from a database thread (``assistant.db.run_db``) costs that thread's wake-up and,
-when Redis answers, the GIL back from the event loop: with fifty commands at once, 131-149 µs of
+when Redis answers, the GIL back from the event loop: with fifty commands at once, 110-149 µs of
 the worker's CPU a command on this machine, where they cost far less sent from the loop
 (``benchmarks/stream_slots.py``). Every answer gives back its stream slot before its last frame
 (``services/stream_slots.py``): in the production profile that is one command to Redis per
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 CONNECTIONS = 1
 #: What its connections are called in Redis's ``CLIENT LIST``, before the worker's process id.
 LOOP_CLIENT_NAME = "chatsite-loop"
+#: How long a stopping worker waits for the batch on its way before it closes the connection.
+CLOSE_WAIT_S = 2.0
 
 
 class _LoopClients:
@@ -105,10 +107,11 @@ class LoopCommands:
             self._sending = None
 
     async def close(self) -> None:
-        """Wait for the batch on its way, if any, then close the connection."""
+        """Wait for the batch on its way, if any (at most ``CLOSE_WAIT_S``: a Redis that does
+        not answer does not hold the worker up), then close the connection."""
         sending = self._sending
         if sending is not None:
-            await asyncio.wait({sending})
+            await asyncio.wait({sending}, timeout=CLOSE_WAIT_S)
         await self.client.aclose()
 
 
@@ -137,8 +140,8 @@ def loop_redis_commands(url: str) -> LoopCommands | None:
 
 async def loop_redis_close() -> None:
     """Close the loop's clients (the worker is stopping), each after the batch on its way; from
-    now on ``loop_redis_commands`` gives None.
-    On another loop than the clients', nothing is closed."""
+    now on ``loop_redis_commands`` gives None. On another loop than the clients', nothing is
+    closed."""
     state = _state
     if state.loop is not None and asyncio.get_running_loop() is not state.loop:
         return
