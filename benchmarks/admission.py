@@ -1,17 +1,25 @@
-"""What admitting a new question costs the worker on the local profile: on the event loop
+"""What admitting a new question costs the worker: on the local profile on the event loop
 (``answer_start._page_admitted_now``, what ``Asking.admit_now`` runs) and, beside it, on a reader
-thread (``_page_admitted`` through ``assistant.db.run_db``, where every question went before).
+thread (``_page_admitted`` through ``assistant.db.run_db``, where every question went before);
+with ``--production``, on PostgreSQL and Redis, by the event loop's own Redis client
+(``loop_admission.page_admission_on_loop``, what ``Asking.admit_on_loop`` runs under uvicorn)
+and on a reader thread.
 
-An admission is who is asking (their session, in the cache that is this process's memory), their
-class, their rate counted and a stream slot taken; the slot is given back after. Each runs in a
-task of a new, empty context, as a server starts each request's task: what Django makes for a
-context of its own (a cache object, looked up through ``caches``) is paid as a request pays it.
-``--at-once`` admissions run at a time. A figure is the process's CPU per admission, with what
-the same number of empty tasks cost taken off; the median over ``--rounds`` rounds, and their
-spread. A SQLite database and a local-memory cache of the run's own, so nothing of the
-checkout's is touched.
+An admission is who is asking (their session, in the cache), their class, their rate counted and
+a stream slot taken; the slot is given back after. Each runs in a task of a new, empty context,
+as a server starts each request's task: what Django makes for a context of its own (a cache
+object, looked up through ``caches``) is paid as a request pays it. ``--at-once`` admissions run
+at a time. A figure is the process's CPU per admission, with what the same number of empty tasks
+cost taken off; the median over ``--rounds`` rounds, and their spread. The local profile runs on
+a SQLite database and a local-memory cache of the run's own; ``--production`` on the PostgreSQL
+database of ``DATABASE_URL`` (migrated; a class and its sessions are added) and the Redis of
+``CHATSITE_REDIS_URL``, under a key prefix of the run's own, deleted after. There the students
+are in a class (``--in-class``, as the capacity benchmark's are) or in none; PostgreSQL's and
+Redis's own CPU is not counted, only this process's.
 
     python benchmarks/admission.py [--admissions 3000] [--rounds 7] [--at-once 1 20]
+    DATABASE_URL=postgres://... CHATSITE_REDIS_URL=redis://... \
+        python benchmarks/admission.py --production [--in-class]
 """
 
 import argparse
@@ -29,8 +37,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-for variable in ("DATABASE_URL", "CHATSITE_REDIS_URL"):
-    os.environ.pop(variable, None)  # the local profile: SQLite and this process's memory
+PRODUCTION = "--production" in sys.argv
+if PRODUCTION:
+    if not (os.environ.get("DATABASE_URL") and os.environ.get("CHATSITE_REDIS_URL")):
+        sys.exit("--production needs DATABASE_URL and CHATSITE_REDIS_URL")
+    os.environ["CHATSITE_REDIS_PREFIX"] = f"bench-admission-{uuid.uuid4().hex[:8]}"
+else:
+    for variable in ("DATABASE_URL", "CHATSITE_REDIS_URL"):
+        os.environ.pop(variable, None)  # the local profile: SQLite and this process's memory
 os.environ["DJANGO_SETTINGS_MODULE"] = "chatsite.settings"
 _folder = tempfile.TemporaryDirectory()  # removed when the run ends
 os.environ["CHATSITE_SQLITE_PATH"] = str(Path(_folder.name) / "admission.sqlite3")
@@ -44,10 +58,14 @@ from django.conf import settings  # noqa: E402
 from django.contrib.sessions.backends.cached_db import SessionStore  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from assistant import loop_redis  # noqa: E402
 from assistant.db import run_db  # noqa: E402
+from assistant.models import Classroom  # noqa: E402
 from assistant.services.admission import chat_release  # noqa: E402
 from assistant.services.answer_start import _page_admitted, _page_admitted_now  # noqa: E402
 from assistant.services.chat_request import ChatTurn, chat_turn_parse  # noqa: E402
+from assistant.services.classrooms import SESSION_CLASS  # noqa: E402
+from assistant.services.loop_admission import page_admission_on_loop  # noqa: E402
 
 #: Sessions the admissions take turns with (a local-memory cache keeps 300 entries: these and
 #: their rate counts stay in it).
@@ -63,6 +81,14 @@ async def on_the_loop(key: str, turn: ChatTurn, request_id: str) -> str:
     return found[0].owner_key
 
 
+async def by_the_loops_client(key: str, turn: ChatTurn, request_id: str) -> str:
+    on_loop = page_admission_on_loop(key, turn.conversation_id, turn.shown, request_id)
+    found = None if on_loop is None else await on_loop
+    if found is None:
+        raise RuntimeError("the loop could not admit it: not the production profile's Redis")
+    return found[0].owner_key
+
+
 async def on_a_thread(key: str, turn: ChatTurn, request_id: str) -> str:
     identity, _, _ = await run_db(_page_admitted, key, turn, request_id)
     return identity.owner_key
@@ -71,7 +97,7 @@ async def on_a_thread(key: str, turn: ChatTurn, request_id: str) -> str:
 async def admissions(admit: Admit | None, keys: list[str], count: int, at_once: int) -> None:
     """``count`` admissions (None: empty tasks), ``at_once`` at a time, each in a task of a new
     context; each admission's slot is given back."""
-    turn = chat_turn_parse(json.dumps({"message": "What is photosynthesis?"}).encode())
+    turn = _turn()
     loop = asyncio.get_running_loop()
 
     async def one(n: int) -> None:
@@ -79,14 +105,23 @@ async def admissions(admit: Admit | None, keys: list[str], count: int, at_once: 
             return
         request_id = uuid.uuid4().hex
         owner_key = await admit(keys[n % len(keys)], turn, request_id)
-        chat_release(owner_key=owner_key, request_id=request_id)
+        if PRODUCTION:
+            await run_db(chat_release, owner_key=owner_key, request_id=request_id)
+        else:
+            chat_release(owner_key=owner_key, request_id=request_id)
 
-    for start in range(0, count, at_once):
-        tasks = [
-            loop.create_task(one(n), context=contextvars.Context())
-            for n in range(start, min(count, start + at_once))
-        ]
-        await asyncio.gather(*tasks)
+    # A server's loop: its own Redis client, opened now and closed as the round ends.
+    loop_redis._state = loop_redis._LoopClients()
+    loop_redis.loop_redis_allow()
+    try:
+        for start in range(0, count, at_once):
+            tasks = [
+                loop.create_task(one(n), context=contextvars.Context())
+                for n in range(start, min(count, start + at_once))
+            ]
+            await asyncio.gather(*tasks)
+    finally:
+        await loop_redis.loop_redis_close()
 
 
 def round_cpu(admit: Admit | None, keys: list[str], count: int, at_once: int) -> float:
@@ -100,18 +135,58 @@ def main() -> None:
     parser.add_argument("--admissions", type=int, default=3000, help="per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--at-once", type=int, nargs="+", default=[1, 20])
+    parser.add_argument("--production", action="store_true", help="PostgreSQL and Redis")
+    parser.add_argument("--in-class", action="store_true", help="the students in one class")
     args = parser.parse_args()
 
     call_command("migrate", verbosity=0)
     # No rate limit or cap met here: every admission takes the whole way.
     settings.CHATSITE_RATE_LIMITS = {**settings.CHATSITE_RATE_LIMITS, "chat": (10**9, 60)}
+    settings.CHATSITE_STREAM = {**settings.CHATSITE_STREAM, "STREAMS_PER_SESSION": 10**6}
+    classroom = None
+    if args.in_class:
+        code = uuid.uuid4().hex[:12]
+        classroom = Classroom.objects.create(name=f"bench {code}", join_code=code)
     keys = []
     for _ in range(SESSIONS):
         session = SessionStore()
         session["created"] = True
+        if classroom is not None:
+            session[SESSION_CLASS] = str(classroom.pk)
         session.save()
         keys.append(session.session_key)
     ways: dict[str, Admit] = {"loop": on_the_loop, "thread": on_a_thread}
+    if PRODUCTION:
+        ways = {"loop's Redis client": by_the_loops_client, "thread": on_a_thread}
+        # The class read once on a thread, as a worker's first question of it is.
+        uvloop.run(on_a_thread(keys[0], _turn(), uuid.uuid4().hex))
+    try:
+        _measure(args, keys, ways)
+    finally:
+        if PRODUCTION:
+            _forget(keys, classroom)
+
+
+def _turn() -> ChatTurn:
+    return chat_turn_parse(json.dumps({"message": "What is photosynthesis?"}).encode())
+
+
+def _forget(keys: list[str], classroom: Classroom | None) -> None:
+    """The run's sessions, class and Redis keys."""
+    import redis
+
+    for key in keys:
+        SessionStore(key).delete()
+    if classroom is not None:
+        classroom.delete()
+    client = redis.Redis.from_url(os.environ["CHATSITE_REDIS_URL"])
+    found = list(client.scan_iter(match=f"{os.environ['CHATSITE_REDIS_PREFIX']}:*"))
+    if found:
+        client.delete(*found)
+    client.close()
+
+
+def _measure(args: argparse.Namespace, keys: list[str], ways: dict[str, Admit]) -> None:
     print(f"Rounds: {args.rounds} of {args.admissions} admissions; us of CPU per admission")
     print("at once | way | median (min-max)")
     for at_once in args.at_once:

@@ -18,9 +18,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    import pytest
 
 from assistant.benchmarking import SSEParser, servers
 from assistant.benchmarking.ports import accepts, free_port
@@ -586,3 +590,17 @@ def staff_cookies(username: str) -> tuple[Any, dict[str, str]]:
     client = Client()
     client.force_login(user)
     return user, {"sessionid": client.cookies["sessionid"].value}
+
+
+def thread_trips(monkeypatch: "pytest.MonkeyPatch", module: ModuleType) -> list[str]:
+    """The names of the functions ``module`` sends to a database thread (its ``run_db``), in
+    the order sent, from now on."""
+    sent: list[str] = []
+    real = module.run_db
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(getattr(func, "func", func).__name__)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(module, "run_db", counted)
+    return sent

@@ -10,6 +10,7 @@ Synchronous: call through ``assistant.db.run_db``.
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TypedDict
 
 from django.conf import settings
 
@@ -19,7 +20,15 @@ from assistant.db import run_db
 from assistant.errors import Rejected
 from assistant.services.answer_registry import answer_preempt
 from assistant.services.ratelimit import rate_window
-from assistant.services.stream_slots import RateCount, SlotTry, slot_store, slots_in_process
+from assistant.services.stream_slots import (
+    STALE_CLASS,
+    ClassVersion,
+    RateCount,
+    RedisSlots,
+    SlotTry,
+    slot_store,
+    slots_in_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,23 +40,67 @@ SLOT_RETRY_AFTER_S = 5
 SLOT_WAIT_S = 1.0
 
 
-def chat_admit(*, owner_key: str, request_id: str, rate: int | None = None) -> SlotTry:
+def chat_admit(
+    *,
+    owner_key: str,
+    request_id: str,
+    rate: int | None = None,
+    class_version: ClassVersion | None = None,
+) -> SlotTry:
     """Count this chat request against the owner's rate (``rate`` per window, else the site's;
     ``Rejected``, 429 with Retry-After, when over it) and try to take a stream slot (when all
-    are taken: ``chat_slot_wait``), in one step of the slot store (one round trip to Redis)."""
+    are taken: ``chat_slot_wait``), in one step of the slot store (one round trip to Redis).
+    ``class_version``: the asker's class as just read, kept for the event loop's admissions."""
+    ask, resets_in_s = _slot_ask(owner_key, rate, class_version)
+    return _within_rate(slot_store().take(owner_key, request_id, **ask), resets_in_s)
+
+
+async def chat_admit_on_loop(
+    store: RedisSlots,
+    *,
+    owner_key: str,
+    request_id: str,
+    rate: int | None,
+    class_version: ClassVersion | None,
+) -> SlotTry | None:
+    """``chat_admit`` from the event loop, by its own client (``RedisSlots.take_on_loop``),
+    with the class version this process holds to check; None, having counted nothing, where
+    it is not Redis's or the loop could not ask: ``chat_admit`` on a thread then."""
+    ask, resets_in_s = _slot_ask(owner_key, rate, class_version)
+    tried = await store.take_on_loop(owner_key, request_id, **ask)
+    if tried is None or tried is STALE_CLASS:
+        return None
+    return _within_rate(tried, resets_in_s)
+
+
+class _SlotAsk(TypedDict):
+    limit: int
+    ttl_s: float
+    rate: RateCount
+    class_version: ClassVersion | None
+
+
+def _slot_ask(
+    owner_key: str, rate: int | None, class_version: ClassVersion | None
+) -> tuple[_SlotAsk, int]:
+    """What a chat request's try for a slot asks of the store (its count against its owner's
+    rate among it), and the seconds until the rate's window resets."""
     limit, window_s = settings.CHATSITE_RATE_LIMITS["chat"]
     if rate is not None:
         limit = rate
     window = rate_window(scope="chat", key=owner_key, window_s=window_s)
-    tried = slot_store().take(
-        owner_key,
-        request_id,
+    ask = _SlotAsk(
         limit=settings.CHATSITE_STREAM["STREAMS_PER_SESSION"],
         ttl_s=SLOT_TTL_S,
         rate=RateCount(key=window.key, limit=limit, ttl_s=window.ttl_s),
+        class_version=class_version,
     )
+    return ask, window.resets_in_s
+
+
+def _within_rate(tried: SlotTry, resets_in_s: int) -> SlotTry:
     if tried.over_rate:
-        raise Rejected(errors.RATE_LIMITED, retry_after=window.resets_in_s)
+        raise Rejected(errors.RATE_LIMITED, retry_after=resets_in_s)
     return tried
 
 

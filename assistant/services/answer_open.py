@@ -7,8 +7,9 @@ the wire format, never in this order of work.
 The order of work is the product: a new conversation needs nothing from the database before the
 model can start, so (with a seat free on the engine) the engine is started first, on a guess of
 the asker's class (the class cookie, or the key's last read in this process), its first step
-going out at once, and the asker is admitted while it works: on a database thread, or on the
-loop where nothing that admission reads needs I/O (``Asking.admit_now``). A guess the read
+going out at once, and the asker is admitted while it works: on a database thread, on the
+loop where nothing that admission reads needs I/O (``Asking.admit_now``), or by the loop's own
+Redis client where the server gave it one (``Asking.admit_on_loop``). A guess the read
 disagrees with is closed before any token is sent. A continued conversation needs its history
 first: one read, then the engine.
 """
@@ -16,7 +17,7 @@ first: one read, then the engine.
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,12 @@ class Asking:
     #: ``admit``'s answer where it needs no I/O, tried on the event loop first (no trip to a
     #: thread); None from it: ``admit`` on a database thread.
     admit_now: Callable[[], tuple[Identity, SlotTry, list[ChatMessage]] | None] | None = None
+    #: Tried next: ``admit``'s answer by the event loop's own client, as a coroutine (None: it
+    #: cannot be tried); the coroutine's None: ``admit`` on a database thread.
+    admit_on_loop: (
+        Callable[[], Coroutine[Any, Any, tuple[Identity, SlotTry, list[ChatMessage]] | None] | None]
+        | None
+    ) = None
     #: The sampling, from the engine alias's and the class's.
     sampling: Callable[[GenerationParams, ClassContext | None], GenerationParams] = generation_for
     frames: Frames = SITE_FRAMES
@@ -252,8 +259,9 @@ async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta:
 
 
 def _admission(asking: Asking) -> asyncio.Future[Any]:
-    """``asking``'s admission: known at once where ``admit_now`` can tell, else ``admit`` on a
-    database thread (a future either way, which may hold a refusal)."""
+    """``asking``'s admission: known at once where ``admit_now`` can tell, else by the loop's
+    own client where ``admit_on_loop`` can, else ``admit`` on a database thread (a future
+    either way, which may hold a refusal)."""
     if asking.admit_now is not None:
         known = asyncio.get_running_loop().create_future()
         try:
@@ -264,7 +272,18 @@ def _admission(asking: Asking) -> asyncio.Future[Any]:
         if result is not None:
             known.set_result(result)
             return known
+    on_loop = asking.admit_on_loop() if asking.admit_on_loop is not None else None
+    if on_loop is not None:
+        return asyncio.ensure_future(_on_loop_else_thread(on_loop, asking))
     return asyncio.ensure_future(run_db(asking.admit))
+
+
+async def _on_loop_else_thread(
+    on_loop: Coroutine[Any, Any, tuple[Identity, SlotTry, list[ChatMessage]] | None],
+    asking: Asking,
+) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+    admitted = await on_loop
+    return admitted if admitted is not None else await run_db(asking.admit)
 
 
 async def _asker(

@@ -18,6 +18,7 @@ from assistant.services.admission import SlotTry, cache_in_process, chat_admit, 
 from assistant.services.answer import Answer
 from assistant.services.answer_open import Asking, answer_begin, request_id_check
 from assistant.services.chat_request import ChatTurn, ClassShown, chat_turn_parse
+from assistant.services.class_versions import class_version
 from assistant.services.classrooms import (
     ClassContext,
     chat_rate_for,
@@ -33,6 +34,7 @@ from assistant.services.identity import (
     identity_required,
     identity_resolve,
 )
+from assistant.services.loop_admission import page_admission_on_loop
 from assistant.services.serving_state import engine_alias_for
 from assistant.services.timings import StreamTimings
 
@@ -69,6 +71,9 @@ async def answer_start(
         replaces=turn.replaces,
         admit=functools.partial(_page_admitted, session_key, turn, request_id),
         admit_now=functools.partial(_page_admitted_now, session_key, turn, request_id),
+        admit_on_loop=functools.partial(
+            page_admission_on_loop, session_key, turn.conversation_id, turn.shown, request_id
+        ),
         prompt=functools.partial(_messages, turn.message),
         owner=functools.partial(identity_resolve, session_key),
     )
@@ -135,6 +140,7 @@ def _admitted(identity: Identity, request_id: str, shown: ClassShown) -> SlotTry
         owner_key=identity.owner_key,
         request_id=request_id,
         rate=chat_rate_for(identity.classroom),
+        class_version=class_version(identity.classroom, check=False),
     )
 
 

@@ -15,14 +15,19 @@ counts together; a sorted set per student and a Lua script for each step) or thi
 memory (one process, as the local profile's cache is). Synchronous: a Redis step is a network
 round trip, so async code calls them through ``run_db`` unless ``slots_in_process()``; but
 giving a slot back, which every answer does, goes from the event loop where the server gave it
-a client of its own (``release_on_loop``, ``assistant/loop_redis.py``).
+a client of its own (``release_on_loop``, ``assistant/loop_redis.py``), and so does a new
+question's try for one (``take_on_loop``, ``services/loop_admission.py``).
+
+Redis keeps each class's version beside the slots (``ClassVersion``,
+``services/class_versions.py``): a try for a slot from the event loop checks the class the
+worker holds against it before anything is counted; one from a thread keeps the class it read.
 """
 
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.cache import caches
@@ -35,6 +40,10 @@ from assistant.services.ratelimit import counter_hit
 
 #: How many holders a refusal lists (an answer among them may be taken over).
 HOLDERS_SHOWN = 16
+#: How long Redis keeps a class's version (ms): one not asked about for a day is read again.
+CLASS_VERSION_TTL_MS = 24 * 3600 * 1000
+#: The version of a deleted class: no version read before the deletion is kept over it.
+CLASS_GONE = "gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +67,22 @@ class RateCount:
     ttl_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class ClassVersion:
+    """The version of the asker's class (``services/class_versions.py``) that a try for a slot
+    goes with, with a ``RateCount``: ``check``, the one this process holds, which must be the
+    one Redis holds (else the try is ``STALE_CLASS``, before anything is counted); else the
+    one just read from the database, kept in Redis unless a newer is there already."""
+
+    class_id: str
+    version: str
+    check: bool
+
+
 #: What a try over its rate found.
 OVER_RATE = SlotTry(taken=False, over_rate=True)
+#: What a try found whose ``ClassVersion`` to check is not Redis's: nothing counted or taken.
+STALE_CLASS = SlotTry(taken=False)
 
 
 class SlotStore(Protocol):
@@ -72,9 +95,11 @@ class SlotStore(Protocol):
         ttl_s: float,
         now: float | None = None,
         rate: RateCount | None = None,
+        class_version: ClassVersion | None = None,
     ) -> SlotTry:
         """Count ``rate`` (if any; over it: ``OVER_RATE``), then take one of the owner's
-        ``limit`` slots (0: no cap, nothing is held)."""
+        ``limit`` slots (0: no cap, nothing is held). ``class_version`` (with ``rate``) is
+        kept or checked where the store is shared (Redis); memory ignores it."""
         ...
 
     def release(self, owner_key: str, request_id: str) -> None: ...
@@ -117,6 +142,7 @@ class MemorySlots:
         ttl_s: float,
         now: float | None = None,
         rate: RateCount | None = None,
+        class_version: ClassVersion | None = None,
     ) -> SlotTry:
         if rate is not None and counter_hit(rate.key, timeout=rate.ttl_s) > rate.limit:
             return OVER_RATE
@@ -170,10 +196,23 @@ if not now then
 end
 """
 # KEYS[1]: the student's set; KEYS[2], if given: the rate's count, counted first (as
-# SharedRedisCache.count_hit counts). ARGV: now (ms) or "", ttl (ms), limit (0: no cap, nothing
-# held), request id, holders shown, the rate's limit, the rate's count's time to live (ms).
+# SharedRedisCache.count_hit counts); KEYS[3], if given (with KEYS[2]): the class's version.
+# ARGV: now (ms) or "", ttl (ms), limit (0: no cap, nothing held), request id, holders shown,
+# the rate's limit, the rate's count's time to live (ms); the class's version, "check" or
+# "keep", the version's time to live (ms).
 _TAKE = (
-    "if KEYS[2] then\n"
+    """
+if KEYS[3] then
+  if ARGV[9] == 'check' then
+    if redis.call('GET', KEYS[3]) ~= ARGV[8] then
+      return {-2}
+    end
+  else
+    redis.call('SET', KEYS[3], ARGV[8], 'NX', 'PX', tonumber(ARGV[10]))
+  end
+end
+"""
+    + "if KEYS[2] then\n"
     + count_lua("KEYS[2]", "ARGV[7]")
     + """
   if count > tonumber(ARGV[6]) then
@@ -211,6 +250,17 @@ return 1
 )
 
 
+def _found(found: list[Any]) -> SlotTry:
+    """The take script's reply as a ``SlotTry``."""
+    if found[0] == 1:
+        return SlotTry(taken=True)
+    if found[0] == -1:
+        return OVER_RATE
+    if found[0] == -2:
+        return STALE_CLASS
+    return SlotTry(taken=False, holders=tuple(h.decode() for h in found[1]))
+
+
 def _ms(now: float | None) -> int | str:
     """``now`` for a script: milliseconds, or "" for Redis's own clock."""
     return "" if now is None else int(now * 1000)
@@ -246,18 +296,61 @@ class RedisSlots:
         ttl_s: float,
         now: float | None = None,
         rate: RateCount | None = None,
+        class_version: ClassVersion | None = None,
     ) -> SlotTry:
+        keys, args = self._take_call(owner_key, request_id, limit, ttl_s, now, rate, class_version)
+        return _found(self._take(keys=keys, args=args))
+
+    async def take_on_loop(
+        self,
+        owner_key: str,
+        request_id: str,
+        *,
+        limit: int,
+        ttl_s: float,
+        rate: RateCount,
+        class_version: ClassVersion | None,
+    ) -> SlotTry | None:
+        """``take`` by the event loop's own client, in its batch; None where the loop has none,
+        or the command failed (Redis's script cache emptied, the connection): ``take`` on a
+        thread then, which sees the same and answers as it always has."""
+        commands = loop_redis_commands(self._url)
+        if commands is None:
+            return None
+        keys, args = self._take_call(owner_key, request_id, limit, ttl_s, None, rate, class_version)
+        try:
+            found = await commands.send("EVALSHA", self._take.sha, len(keys), *keys, *args)
+        except Exception:
+            return None
+        return _found(found)
+
+    def _take_call(
+        self,
+        owner_key: str,
+        request_id: str,
+        limit: int,
+        ttl_s: float,
+        now: float | None,
+        rate: RateCount | None,
+        class_version: ClassVersion | None,
+    ) -> tuple[list[str], list[str | int]]:
         keys = [self._key(owner_key)]
-        args = [_ms(now), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
+        args: list[str | int] = [_ms(now), int(ttl_s * 1000), limit, request_id, HOLDERS_SHOWN]
         if rate is not None:
             keys.append(self._count_key(rate.key))
             args += [rate.limit, int(rate.ttl_s * 1000)]
-        found = self._take(keys=keys, args=args)
-        if found[0] == 1:
-            return SlotTry(taken=True)
-        if found[0] == -1:
-            return OVER_RATE
-        return SlotTry(taken=False, holders=tuple(h.decode() for h in found[1]))
+            if class_version is not None:
+                keys.append(self._class_key(class_version.class_id))
+                mode = "check" if class_version.check else "keep"
+                args += [class_version.version, mode, CLASS_VERSION_TTL_MS]
+        return keys, args
+
+    def _class_key(self, class_id: str) -> str:
+        return f"{self._prefix}:chat:class:{class_id}:version"
+
+    def class_version_set(self, class_id: str, version: str) -> None:
+        """Make ``version`` the class's (a class saved, or ``CLASS_GONE``: deleted)."""
+        self._client.set(self._class_key(class_id), version, px=CLASS_VERSION_TTL_MS)
 
     def release(self, owner_key: str, request_id: str) -> None:
         self._client.zrem(self._key(owner_key), request_id)

@@ -5,13 +5,17 @@ Django makes a cache object per thread and, on the event loop, per task; each of
 objects made its own client, so every answer (a cache call looked up on the event loop) and
 every page view (the session middleware's ``SessionStore``) opened a new connection to Redis.
 ``assistant.cache.SharedRedisCache`` shares one client per process, and ``assistant.db.run_cache``
-looks the cache up on a reader thread; under uvicorn the one command every answer sends at its
-end goes from the event loop (``assistant/loop_redis.py``). Redis counts every connection it accepts
+looks the cache up on a reader thread; under uvicorn a new question's admission and the one
+command every answer sends at its end go from the event loop (``assistant/loop_redis.py``), which
+Redis's ``MONITOR`` shows by the address that sent them. Redis counts every connection it accepts
 (``total_connections_received``): once the worker is warm, more answers and more page views must
 not add connections. The tests run alone against the machine's Redis, so nothing else connects
 meanwhile but their own counter reads.
 """
 
+import re
+import socket
+import threading
 from datetime import datetime
 
 import httpx
@@ -108,3 +112,82 @@ def test_answers_give_their_slots_back_from_uvicorns_event_loop(
         admin.close()
     # Its one connection's last command gave a slot back.
     assert [c["cmd"] for c in mine] == loop_commands, mine
+
+
+class _Monitor:
+    """Every command Redis runs while it watches (``MONITOR``), with the address that sent it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._socket = socket.create_connection(("127.0.0.1", redis_port()))
+        self._socket.sendall(b"MONITOR\r\n")
+        self._file = self._socket.makefile("rb")
+        assert self._file.readline() == b"+OK\r\n"
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._file:
+                self.lines.append(line.decode("utf-8", "replace"))
+        except (OSError, ValueError):
+            pass
+
+    def stop(self) -> list[tuple[str, list[str]]]:
+        """(the sender's address, the command's words), for each command seen."""
+        self._socket.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=10)
+        self._socket.close()
+        seen = []
+        for line in self.lines:
+            found = re.match(r"\+\S+ \[\d+ (\S+)\] (.*)", line.strip())
+            words = re.findall(r'"((?:[^"\\]|\\.)*)"', found[2]) if found else []
+            if found and words:
+                seen.append((found[1], [words[0].lower(), *words[1:]]))
+        return seen
+
+
+def redis_port() -> int:
+    return redis.connection.parse_url(REDIS_URL).get("port", 6379)
+
+
+@pytest.mark.parametrize(("server_kind", "on_loop"), [("daphne", False), ("uvicorn", True)])
+def test_new_questions_are_admitted_by_uvicorns_event_loop(
+    worker_factory, server_kind: str, on_loop: bool, redis_prefix: str
+) -> None:
+    """Under uvicorn a new question's session read and its try for a stream slot are sent by
+    the worker's event loop's own client (``services/loop_admission.py``); under Daphne from a
+    reader thread, as before."""
+    worker = worker_factory(
+        CHATSITE_REDIS_URL=REDIS_URL, CHATSITE_REDIS_PREFIX=redis_prefix, CHATSITE_CHAT_RATE="1000"
+    )
+    client = ChatClient(worker)
+    monitor = None
+    try:
+        assert client.ask(QUESTION)[-1].event == "done"  # the session made, the worker warm
+        monitor = _Monitor()
+        for _ in range(3):
+            assert client.ask(QUESTION)[-1].event == "done"
+    finally:
+        seen = monitor.stop() if monitor is not None else []
+        client.close()
+    admin = redis.Redis.from_url(REDIS_URL)
+    try:
+        name = f"{LOOP_CLIENT_NAME}-{worker.process.pid}"
+        loop_addresses = {c["addr"] for c in admin.client_list() if c["name"] == name}
+    finally:
+        admin.close()
+    takes = [
+        address
+        for address, words in seen
+        if words[:1] == ["evalsha"] and ":chat:slots:" in words[3]
+    ]
+    session_reads = [
+        address
+        for address, words in seen
+        if words[:1] == ["get"] and "sessions.cached_db" in words[1]
+    ]
+    assert len(takes) == 3, seen
+    assert session_reads, seen
+    by_loop = [address in loop_addresses for address in [*takes, *session_reads]]
+    assert by_loop == [on_loop] * len(by_loop), (loop_addresses, takes, session_reads)

@@ -1,13 +1,16 @@
 """Fixtures of the answer runner's tests (``answer_support.py``): both serving paths on a
-scripted engine of their own, a session the page issued, and a harness for it."""
+scripted engine of their own, a session the page issued, and a harness for it; and of the
+tests of what goes by the event loop's own Redis client and what by a database thread."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from django.contrib.sessions.backends.cached_db import SessionStore
 from pytest_django.fixtures import Settings
 
+from assistant import loop_redis
 from assistant.services.identity import session_issue
+from assistant.services.stream_slots import RedisSlots, slot_store
 from tests.assistant.services.answer_support import ALIAS, CLIENT, Harness
 
 
@@ -48,3 +51,26 @@ async def harness(engine_settings: Settings, session_key: str) -> AsyncIterator[
     harness = Harness(session_key)
     yield harness
     await harness.close()
+
+
+@pytest.fixture
+def server_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as a server's entry point leaves it: its loop may have a client."""
+    monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
+    loop_redis.loop_redis_allow()
+    yield
+
+
+@pytest.fixture
+def redis_slots(
+    redis_prefix: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> RedisSlots:
+    """The production profile's cache and slots in Redis, one stream at a time per session (the
+    site's default)."""
+    from tests.assistant.services.test_admission import redis_site
+
+    redis_site(settings, redis_prefix, monkeypatch)
+    monkeypatch.setitem(settings.CHATSITE_STREAM, "STREAMS_PER_SESSION", 1)
+    store = slot_store()
+    assert isinstance(store, RedisSlots)
+    return store

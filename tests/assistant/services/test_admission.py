@@ -17,7 +17,7 @@ from assistant.services import answer_open, answer_start, stream_slots
 from assistant.services.admission import chat_admit, chat_slot_take
 from assistant.services.stream_slots import MemorySlots, RedisSlots, SlotStore, slot_store
 from tests.assistant.services.answer_support import ALIAS, Harness, Live, question
-from tests.support import REDIS_URL
+from tests.support import REDIS_URL, thread_trips
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -115,14 +115,7 @@ async def test_a_new_question_is_admitted_on_the_loop_and_a_follow_up_on_a_threa
     """The local profile: a page session in this process's memory needs no trip to a database
     thread to ask something new (its rate and slot are counted all the same); continuing a
     conversation reads its history there."""
-    hops: list[str] = []
-    real = answer_open.run_db
-
-    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(getattr(func, "func", func).__name__)
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(answer_open, "run_db", counted)
+    hops = thread_trips(monkeypatch, answer_open)
     first = await harness.start(question("new", tokens=2))
     hops_first = list(hops)
     # Its slot is held, as a thread's admission holds it: the session's one is taken.

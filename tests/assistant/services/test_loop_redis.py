@@ -5,7 +5,6 @@ everywhere else, and the client's connections closed when the worker stops."""
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,8 +13,7 @@ from assistant import loop_redis
 from assistant.services import admission
 from assistant.services.admission import chat_admit, chat_slot_release
 from assistant.services.stream_slots import RedisSlots, slot_store
-from tests.assistant.services.test_admission import redis_site
-from tests.support import REDIS_URL
+from tests.support import REDIS_URL, thread_trips
 
 OWNER = "session:loop-redis"
 
@@ -24,35 +22,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def slots(redis_prefix: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> RedisSlots:
-    """The production profile's slots, one stream at a time per session (the site's default)."""
-    redis_site(settings, redis_prefix, monkeypatch)
-    monkeypatch.setitem(settings.CHATSITE_STREAM, "STREAMS_PER_SESSION", 1)
-    store = slot_store()
-    assert isinstance(store, RedisSlots)
-    return store
-
-
-@pytest.fixture
-def server_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This process as a server's entry point leaves it: its loop may have a client."""
-    monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
-    loop_redis.loop_redis_allow()
-    yield
+def slots(redis_slots: RedisSlots) -> RedisSlots:
+    return redis_slots
 
 
 @pytest.fixture
 def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The functions a release sent to a database thread."""
-    sent: list[str] = []
-    real = admission.run_db
-
-    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(func.__name__)
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(admission, "run_db", counted)
-    return sent
+    return thread_trips(monkeypatch, admission)
 
 
 def connected(client: Any) -> int:
