@@ -60,6 +60,10 @@ UNAVAILABLE_RETRY_AFTER_S = 10
 DATABASE_RETRY_AFTER_S = 5
 
 
+#: Who asks, their stream slot's try and their history: an admission's answer.
+Admitted = tuple[Identity, SlotTry, list[ChatMessage]]
+
+
 @dataclass(frozen=True, slots=True)
 class Asking:
     """One question as a serving path hands it over: what is stored, how its asker is admitted,
@@ -73,20 +77,17 @@ class Asking:
     replaces: uuid.UUID | None
     #: Synchronous, on a database thread: who asks, their stream slot and their history;
     #: ``Rejected`` when they may not.
-    admit: Callable[[], tuple[Identity, SlotTry, list[ChatMessage]]]
+    admit: Callable[[], Admitted]
     #: The engine's messages, from the history and the asker's class.
     prompt: Callable[[list[ChatMessage], ClassContext | None], list[ChatMessage]]
     #: Synchronous: the asker, for the record of a refused stream (the empty owner: unknown).
     owner: Callable[[], Identity]
     #: ``admit``'s answer where it needs no I/O, tried on the event loop first (no trip to a
     #: thread); None from it: ``admit`` on a database thread.
-    admit_now: Callable[[], tuple[Identity, SlotTry, list[ChatMessage]] | None] | None = None
+    admit_now: Callable[[], Admitted | None] | None = None
     #: Tried next: ``admit``'s answer by the event loop's own client, as a coroutine (None: it
     #: cannot be tried); the coroutine's None: ``admit`` on a database thread.
-    admit_on_loop: (
-        Callable[[], Coroutine[Any, Any, tuple[Identity, SlotTry, list[ChatMessage]] | None] | None]
-        | None
-    ) = None
+    admit_on_loop: Callable[[], Coroutine[Any, Any, Admitted | None] | None] | None = None
     #: The sampling, from the engine alias's and the class's.
     sampling: Callable[[GenerationParams, ClassContext | None], GenerationParams] = generation_for
     frames: Frames = SITE_FRAMES
@@ -279,9 +280,8 @@ def _admission(asking: Asking) -> asyncio.Future[Any]:
 
 
 async def _on_loop_else_thread(
-    on_loop: Coroutine[Any, Any, tuple[Identity, SlotTry, list[ChatMessage]] | None],
-    asking: Asking,
-) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+    on_loop: Coroutine[Any, Any, Admitted | None], asking: Asking
+) -> Admitted:
     admitted = await on_loop
     return admitted if admitted is not None else await run_db(asking.admit)
 

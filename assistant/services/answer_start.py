@@ -16,7 +16,7 @@ from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.services.admission import SlotTry, cache_in_process, chat_admit, chat_release
 from assistant.services.answer import Answer
-from assistant.services.answer_open import Asking, answer_begin, request_id_check
+from assistant.services.answer_open import Admitted, Asking, answer_begin, request_id_check
 from assistant.services.chat_request import ChatTurn, ClassShown, chat_turn_parse
 from assistant.services.class_versions import class_version
 from assistant.services.classrooms import (
@@ -89,9 +89,7 @@ async def answer_start(
     )
 
 
-def _page_admitted(
-    session_key: str | None, turn: ChatTurn, request_id: str
-) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+def _page_admitted(session_key: str | None, turn: ChatTurn, request_id: str) -> Admitted:
     """The page's asker: their identity and slot (and history, continuing a conversation)."""
     if turn.conversation_id is not None:
         return _identity_and_history(session_key, turn, request_id)
@@ -99,9 +97,7 @@ def _page_admitted(
     return identity, slot, []
 
 
-def _page_admitted_now(
-    session_key: str, turn: ChatTurn, request_id: str
-) -> tuple[Identity, SlotTry, list[ChatMessage]] | None:
+def _page_admitted_now(session_key: str, turn: ChatTurn, request_id: str) -> Admitted | None:
     """``_page_admitted`` on the event loop, where nothing it reads needs I/O: a new
     conversation, the session known from memory (``identity_in_memory``) and the rate and
     stream slots counted in this process's memory. None: admit on a database thread."""
@@ -144,9 +140,7 @@ def _admitted(identity: Identity, request_id: str, shown: ClassShown) -> SlotTry
     )
 
 
-def _identity_and_history(
-    session_key: str | None, turn: ChatTurn, request_id: str
-) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+def _identity_and_history(session_key: str | None, turn: ChatTurn, request_id: str) -> Admitted:
     assert turn.conversation_id is not None
     identity, slot = _identity_admitted(session_key, request_id, turn.shown)
     try:

@@ -13,10 +13,8 @@ the candidate path's engine, and a tripped breaker sends them all back to the ba
 import functools
 
 from assistant.db import run_db
-from assistant.engines import ChatMessage
-from assistant.services.admission import SlotTry
 from assistant.services.answer import Answer
-from assistant.services.answer_open import Asking, answer_begin, request_id_check
+from assistant.services.answer_open import Admitted, Asking, answer_begin, request_id_check
 from assistant.services.api_keys import (
     OWNER_PREFIX,
     KeyPresented,
@@ -25,7 +23,6 @@ from assistant.services.api_keys import (
     key_owner,
     key_read,
 )
-from assistant.services.identity import Identity
 from assistant.services.openai_request import CompletionRequest
 from assistant.services.openai_wire import OpenAIFrames
 from assistant.services.serving_refresh import split_current
@@ -82,9 +79,7 @@ async def api_answer_start(
     )
 
 
-def _admitted(
-    presented: KeyPresented, request_id: str, request: CompletionRequest
-) -> tuple[Identity, SlotTry, list[ChatMessage]]:
+def _admitted(presented: KeyPresented, request_id: str, request: CompletionRequest) -> Admitted:
     """Synchronous: the key's asker (``key_admitted``), if the request fits the key's class."""
     admitted = key_admitted(presented, request_id)
     request.class_check(admitted[0].classroom)

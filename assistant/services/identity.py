@@ -4,7 +4,9 @@ Views get ``request.user`` and ``request.session`` from Django's middleware; the
 consumer runs without that stack and resolves the same identity here, with Django's own session
 store and ``get_user`` (which checks the session's auth hash), in one trip to a worker thread.
 Where the sessions' cache is this process's memory, an anonymous session found in it, and of no
-class, is known on the event loop without that trip (``identity_in_memory``).
+class, is known on the event loop without that trip (``identity_in_memory``); where it is Redis
+and the event loop has a client of its own, an anonymous session found in it is read by that
+client (``identity_on_loop``).
 
 Sessions are issued by the page (``session_issue``), a limited number per client address and
 minute. Nothing else creates one: a stream without a live session is refused
@@ -19,19 +21,23 @@ import functools
 import hashlib
 import hmac
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user
+from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
+from django.core.cache.backends.redis import RedisCache, RedisSerializer
 from django.core.signals import setting_changed
 
 from assistant import errors
 from assistant.cache import in_process_cache
 from assistant.errors import Rejected
-from assistant.services.classrooms import SESSION_CLASS, ClassContext, session_class
+from assistant.loop_redis import LoopCommands, loop_redis_commands
+from assistant.services.classrooms import SESSION_CLASS, ClassContext, class_guess, session_class
 from assistant.services.ratelimit import rate_limit_hit
 
 
@@ -156,12 +162,75 @@ def _sessions_in_memory() -> tuple[str, LocMemCache] | None:
     return prefix, sessions
 
 
-def _forget_sessions_in_memory(*, setting: str, **kwargs: object) -> None:
+def identity_on_loop(session_key: str) -> Coroutine[Any, Any, Identity | None] | None:
+    """``identity_resolve``'s answer read by the event loop's own Redis client
+    (``assistant/loop_redis.py``), where the session store keeps its sessions in Redis and the
+    loop has a client; None where it cannot be tried. The coroutine's None: a thread must tell
+    (a session the cache has not got, a logged-in user, a class not read in this process, Redis
+    did not answer). The class is this process's last read of it (``classrooms.class_guess``),
+    which the caller checks is still the stored one (``services/class_versions.py``)."""
+    found = _sessions_in_redis()
+    if found is None or len(session_key) < 8:
+        return None
+    commands = loop_redis_commands(found.url)
+    if commands is None:
+        return None
+    return _identity_read(commands, found, session_key)
+
+
+async def _identity_read(
+    commands: LoopCommands, sessions: "_RedisSessions", session_key: str
+) -> Identity | None:
+    try:
+        raw = await commands.send("GET", sessions.make_key(sessions.prefix + session_key))
+        data = None if raw is None else sessions.loads(raw)
+    except Exception:
+        return None  # the thread's read answers (or fails) as it always has
+    if not isinstance(data, dict) or SESSION_KEY in data:
+        return None  # no session in the cache, or a user (whose auth hash is checked there)
+    classroom = None
+    class_id = data.get(SESSION_CLASS)
+    if class_id:
+        _, classroom = class_guess(str(class_id))
+        if classroom is None:
+            return None
+    return Identity(owner_key=owner_key_for(None, session_key), classroom=classroom)
+
+
+@dataclass(frozen=True, slots=True)
+class _RedisSessions:
+    """Where the session store keeps its sessions in Redis: the cache's URL, its key prefix, the
+    Redis key of a cache key, and how a session's value is read."""
+
+    url: str
+    prefix: str
+    make_key: Callable[[str], str]
+    loads: Callable[[bytes], Any]
+
+
+@functools.cache
+def _sessions_in_redis() -> _RedisSessions | None:
+    """Where the session store keeps its sessions, if in a cache that is one Redis (Django's
+    ``cached_db`` or ``cache`` on its Redis cache); None otherwise. Worked out once until the
+    settings change."""
+    prefix = getattr(import_module(settings.SESSION_ENGINE).SessionStore, "cache_key_prefix", None)
+    alias = settings.SESSION_CACHE_ALIAS
+    cache = caches[alias]
+    location = settings.CACHES[alias].get("LOCATION")
+    if prefix is None or not isinstance(cache, RedisCache) or not isinstance(location, str):
+        return None
+    if "," in location:
+        return None  # a writer and replicas: which one a read goes to is the cache's choice
+    return _RedisSessions(location, prefix, cache.make_key, RedisSerializer().loads)
+
+
+def _forget_sessions(*, setting: str, **kwargs: object) -> None:
     if setting in ("SESSION_ENGINE", "SESSION_CACHE_ALIAS", "CACHES"):
         _sessions_in_memory.cache_clear()
+        _sessions_in_redis.cache_clear()
 
 
-setting_changed.connect(_forget_sessions_in_memory)
+setting_changed.connect(_forget_sessions)
 
 
 def identity_required(session_key: str | None) -> Identity:
