@@ -3,7 +3,9 @@
 A student's class lives in their session (``SESSION_CLASS``), read in the same trip to a database
 thread that resolves who is asking, together with the class's row: what reaches the engine (the
 persona, the sampling, the engine alias) and whether the class is open are never older than that
-read.
+read. (A new question admitted by the event loop's own Redis client, ``services/loop_admission.py``,
+takes this process's last read instead, only while its version is the stored one:
+``services/class_versions.py``.)
 
 A new conversation starts its engine *before* that trip (``services/answer_start.py``), so it
 needs a guess first: the ``chatsite_class`` cookie names the class, and this process keeps the
