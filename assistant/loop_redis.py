@@ -1,11 +1,12 @@
-"""Redis from the event loop: the round trip every answer makes at its end, without a thread.
+"""Redis from the event loop: the round trips every answer makes at its start and its end,
+without a thread.
 
 A command sent from a database thread (``assistant.db.run_db``) costs that thread's wake-up and,
 when Redis answers, the GIL back from the event loop: with fifty commands at once, 110-149 µs of
 the worker's CPU a command on this machine, where they cost far less sent from the loop
-(``benchmarks/stream_slots.py``). Every answer gives back its stream slot before its last frame
-(``services/stream_slots.py``): in the production profile that is one command to Redis per
-answer, and it is sent from here.
+(``benchmarks/stream_slots.py``). In the production profile a new question's session read and
+try for a stream slot (``services/loop_admission.py``), and every answer's give-back of its slot
+before its last frame (``services/stream_slots.py``), are sent from here.
 
 The commands go in batches (``LoopCommands``): those asked for while a batch is on its way go
 together in the next, one pipeline and one round trip. On a busy loop a reply waits for the

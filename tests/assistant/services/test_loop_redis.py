@@ -22,11 +22,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def slots(redis_slots: RedisSlots) -> RedisSlots:
-    return redis_slots
-
-
-@pytest.fixture
 def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The functions a release sent to a database thread."""
     return thread_trips(monkeypatch, admission)
@@ -48,7 +43,7 @@ def held(request_id: str) -> tuple[str, ...]:
 
 
 async def test_a_servers_loop_gives_the_slot_back_itself_then_closes(
-    slots: RedisSlots, server_loop: None, hops: list[str]
+    redis_slots: RedisSlots, server_loop: None, hops: list[str]
 ) -> None:
     assert chat_admit(owner_key=OWNER, request_id="first").taken
     assert held("probe") == ("first",)
@@ -69,7 +64,7 @@ async def test_a_servers_loop_gives_the_slot_back_itself_then_closes(
 
 
 async def test_a_loop_that_is_not_a_servers_goes_through_a_thread(
-    slots: RedisSlots, monkeypatch: pytest.MonkeyPatch, hops: list[str]
+    redis_slots: RedisSlots, monkeypatch: pytest.MonkeyPatch, hops: list[str]
 ) -> None:
     """A management command or a test's own loop: no client is made, so none is left open."""
     monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
@@ -79,7 +74,7 @@ async def test_a_loop_that_is_not_a_servers_goes_through_a_thread(
     assert loop_redis._state.clients == {}
 
 
-async def test_only_the_first_loop_has_a_client(slots: RedisSlots, server_loop: None) -> None:
+async def test_only_the_first_loop_has_a_client(redis_slots: RedisSlots, server_loop: None) -> None:
     """A loop of its own in another thread (asgiref's, for one) gets none, and closes nothing."""
     mine = loop_redis.loop_redis_commands(REDIS_URL)
     found: list[object] = []
@@ -100,7 +95,7 @@ async def test_only_the_first_loop_has_a_client(slots: RedisSlots, server_loop: 
 
 
 async def test_slots_given_back_at_once_go_in_one_round_trip(
-    slots: RedisSlots, server_loop: None, monkeypatch: pytest.MonkeyPatch
+    redis_slots: RedisSlots, server_loop: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fifty answers ending together: one pipeline carries every give-back, where one command
     each would queue for the connection."""
