@@ -7,11 +7,12 @@ and stores what was said). Then it sends ``lifespan.shutdown``: the answers thos
 behind (a detached one kept for a resume, the stores of those just ended) are stopped and
 stored here before the process exits, within ``SHUTDOWN_STORE_S``, as Daphne's shutdown does
 through ``internals.await_at_shutdown``. Last, the worker's event loop closes its Redis client
-(``assistant/loop_redis.py``).
+(``assistant/loop_redis.py``) and its PostgreSQL connection (``assistant/loop_postgres.py``).
 """
 
 from typing import Any
 
+from assistant.loop_postgres import loop_postgres_close
 from assistant.loop_redis import loop_redis_close
 from assistant.services.background import drain
 
@@ -34,6 +35,8 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 async def worker_stopping() -> None:
     """A worker's last work, under either server: the answers left stored (within
-    ``SHUTDOWN_STORE_S``), then its event loop's Redis client closed."""
+    ``SHUTDOWN_STORE_S``), then its event loop's Redis client and PostgreSQL connection
+    closed."""
     await drain(within_s=SHUTDOWN_STORE_S)
     await loop_redis_close()
+    await loop_postgres_close()

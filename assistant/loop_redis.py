@@ -8,11 +8,12 @@ the worker's CPU a command on this machine, where they cost far less sent from t
 try for a stream slot (``services/loop_admission.py``), and every answer's give-back of its slot
 before its last frame (``services/stream_slots.py``), are sent from here.
 
-The commands go in batches (``LoopCommands``): those asked for while a batch is on its way go
-together in the next, one pipeline and one round trip. On a busy loop a reply waits for the
-loop's turn however fast Redis is, so commands sent one by one on a few connections would queue
-for a connection (at a thousand students, their give-backs waited seconds); a batch takes
-whatever waits, on one connection, and the busier the loop the more each round trip carries.
+The commands go in batches (``LoopCommands``, ``assistant/loop_batches.py``): those asked for
+while a batch is on its way go together in the next, one pipeline and one round trip. On a busy
+loop a reply waits for the loop's turn however fast Redis is, so commands sent one by one on a
+few connections would queue for a connection (at a thousand students, their give-backs waited
+seconds); a batch takes whatever waits, on one connection, and the busier the loop the more each
+round trip carries.
 
 A server process has one event loop, and one client on it. Only a server opens it:
 ``chatsite.uvicorn_server`` calls ``loop_redis_allow`` as it starts, and ``loop_redis_close``
@@ -30,6 +31,8 @@ uvicorn it was 21 and 16 ms; docs/performance.md).
 import asyncio
 import os
 from typing import TYPE_CHECKING, Any
+
+from assistant.loop_batches import LoopBatches
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -61,72 +64,52 @@ def loop_redis_allow() -> None:
     _state.allowed = True
 
 
-class LoopCommands:
-    """Commands to one Redis from the event loop, sent in batches: ``send`` queues one; those
-    queued while a batch is on its way go in the next, one pipeline (one round trip)."""
+class LoopCommands(LoopBatches[tuple[Any, ...], Any]):
+    """Commands to one Redis from the event loop, sent in batches (``LoopBatches``): ``send``
+    queues one; those queued while a batch is on its way go in the next, one pipeline (one
+    round trip)."""
 
     def __init__(self, client: "Redis") -> None:
+        super().__init__()
         self.client = client
-        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self._sending: asyncio.Task[None] | None = None
 
     def send(self, *command: Any) -> "asyncio.Future[Any]":
         """Queue ``command`` (``"ZREM", key, member``); its reply, or the error Redis or the
         connection gave, comes in the future."""
-        loop = asyncio.get_running_loop()
-        reply = loop.create_future()
-        self._queued.append((command, reply))
-        if self._sending is None:
-            self._sending = loop.create_task(self._batches())
-        return reply
+        return self.ask(command)
 
-    async def _batches(self) -> None:
-        batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        try:
-            while self._queued:
-                batch, self._queued = self._queued, []
-                try:
-                    async with self.client.pipeline(transaction=False) as pipe:
-                        for command, _ in batch:
-                            pipe.execute_command(*command)
-                        replies = await pipe.execute(raise_on_error=False)
-                except Exception as error:  # the connection: every command of the batch failed
-                    replies = [error] * len(batch)
-                for (_, reply), found in zip(batch, replies, strict=True):
-                    if reply.done():  # its caller stopped waiting
-                        continue
-                    if isinstance(found, Exception):
-                        reply.set_exception(found)
-                    else:
-                        reply.set_result(found)
-        except BaseException:  # cancelled (the loop is ending): nobody is left waiting forever
-            for _, reply in [*batch, *self._queued]:
-                reply.cancel()
-            self._queued = []
-            raise
-        finally:
-            self._sending = None
+    async def _send(self, batch: list[tuple[Any, ...]]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for command in batch:
+                pipe.execute_command(*command)
+            return await pipe.execute(raise_on_error=False)
 
     async def close(self) -> None:
         """Wait for the batch on its way, if any (at most ``CLOSE_WAIT_S``: a Redis that does
         not answer does not hold the worker up), then close the connection."""
-        sending = self._sending
-        if sending is not None:
-            await asyncio.wait({sending}, timeout=CLOSE_WAIT_S)
+        await self._sent(CLOSE_WAIT_S)
         await self.client.aclose()
+
+
+def loop_may_have_clients() -> bool:
+    """Whether the running loop is the server's, which may keep clients of its own: this one's
+    Redis clients, and its PostgreSQL reads (``assistant/loop_postgres.py``). The first loop to
+    ask in a server process is its; any other, or any loop once the worker stops, has none."""
+    state = _state
+    if not state.allowed or state.closed:
+        return False
+    loop = asyncio.get_running_loop()
+    if state.loop is None:
+        state.loop = loop
+    return loop is state.loop
 
 
 def loop_redis_commands(url: str) -> LoopCommands | None:
     """The running loop's commands to the Redis at ``url``, its client made on first use; None
     where the loop may have none (see the module docstring)."""
+    if not loop_may_have_clients():
+        return None
     state = _state
-    if not state.allowed or state.closed:
-        return None
-    loop = asyncio.get_running_loop()
-    if state.loop is None:
-        state.loop = loop
-    elif loop is not state.loop:
-        return None
     commands = state.clients.get(url)
     if commands is None:
         from redis.asyncio import BlockingConnectionPool, Redis

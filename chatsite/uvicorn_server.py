@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     args = parser.parse_args(argv)
     server_set("uvicorn")
-    loop_redis_allow()  # its event loop admits questions and gives slots back (loop_redis.py)
+    # Its event loop admits questions and gives slots back (loop_redis.py, loop_postgres.py).
+    loop_redis_allow()
     worker = config(args.host, args.port)
     from django.conf import settings
 

@@ -72,7 +72,12 @@ async def answer_start(
         admit=functools.partial(_page_admitted, session_key, turn, request_id),
         admit_now=functools.partial(_page_admitted_now, session_key, turn, request_id),
         admit_on_loop=functools.partial(
-            page_admission_on_loop, session_key, turn.conversation_id, turn.shown, request_id
+            page_admission_on_loop,
+            session_key,
+            turn.conversation_id,
+            turn.replaces,
+            turn.shown,
+            request_id,
         ),
         prompt=functools.partial(_messages, turn.message),
         owner=functools.partial(identity_resolve, session_key),

@@ -1,12 +1,16 @@
-"""Conversations: reading history (synchronous ORM, through ``run_db``), the rows a stream
-stores (through ``assistant.services.persistence``), and their owner renaming or deleting them."""
+"""Conversations: reading history (synchronous ORM, through ``run_db``, or by the event loop's
+own connection on PostgreSQL), the rows a stream stores (through
+``assistant.services.persistence``), and their owner renaming or deleting them."""
 
 import asyncio
+import functools
 import json
 import logging
 import unicodedata
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -16,6 +20,7 @@ from django.utils.translation import gettext
 from assistant import errors
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
+from assistant.loop_postgres import LoopReads, loop_reads
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.chat_request import _UNSTORABLE
 from assistant.services.deleted_marks import deleted_key, deleted_look
@@ -113,6 +118,45 @@ def conversation_history(
         messages.exclude(content="").order_by("-created_at").values_list("role", "content")[:limit]
     )
     return [ChatMessage(role=role, content=content) for role, content in reversed(recent)]
+
+
+def history_on_loop(
+    *, owner_key: str, classroom_id: uuid.UUID | None, conversation_id: uuid.UUID, limit: int
+) -> Coroutine[Any, Any, list[ChatMessage] | None] | None:
+    """``conversation_history`` (with no ``before``) read by the event loop's own connection
+    (``assistant/loop_postgres.py``), where the loop has one; None where it cannot be tried.
+    The coroutine's None: a thread must tell (no such conversation of this owner and class, to
+    be refused there; the database did not answer)."""
+    reads = loop_reads()
+    if reads is None:
+        return None
+    return _history_read(reads, (limit, conversation_id, owner_key, classroom_id))
+
+
+async def _history_read(reads: LoopReads, params: tuple[Any, ...]) -> list[ChatMessage] | None:
+    try:
+        rows = await reads.rows(_history_sql(), params)
+    except Exception:
+        return None  # the thread's read answers (or fails) as it always has
+    if not rows:
+        return None  # not this owner's conversation in this class: the thread refuses it
+    # Newest first, as the ORM's query; a conversation with no message yet is one empty row.
+    return [ChatMessage(role=role, content=content) for role, content in reversed(rows) if role]
+
+
+@functools.cache
+def _history_sql() -> str:
+    """``conversation_history``'s two queries as one: the conversation, if it is the owner's in
+    that class, and its last messages (those not replaced and not empty), newest first."""
+    conversations, messages = (f'"{model._meta.db_table}"' for model in (Conversation, Message))
+    return (
+        "SELECT m.role, m.content FROM "
+        f"{conversations} AS c LEFT JOIN LATERAL (SELECT role, content, created_at FROM "
+        f"{messages} WHERE conversation_id = c.id AND replaced_at IS NULL AND content <> '' "
+        "ORDER BY created_at DESC LIMIT %s) AS m ON TRUE "
+        "WHERE c.id = %s AND c.owner_key = %s AND c.classroom_id IS NOT DISTINCT FROM %s::uuid "
+        "ORDER BY m.created_at DESC"
+    )
 
 
 def question_rows(

@@ -4,11 +4,13 @@ import json
 
 import httpx
 import pytest
+from django.db import connection
 
 from assistant.engines.scripted import default_tokens
+from assistant.loop_redis import LOOP_CLIENT_NAME
 from assistant.models import Conversation, Message
 from assistant.services.identity import session_pseudonym
-from tests.support import ChatClient, LiveServer, raw_post, wait_for
+from tests.support import REDIS_URL, ChatClient, LiveServer, raw_post, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,3 +129,51 @@ def test_a_stream_without_a_live_session_is_refused_until_the_page_renews_it(
         renewed.close()
     conversation = wait_for(lambda: Conversation.objects.filter(id=meta["conversation"]).first())
     assert conversation.owner_key == f"session:{session_pseudonym(session_key)}"
+
+
+def loop_reads_seen(pid: int) -> list[str]:
+    """The last query of each connection the worker ``pid``'s event loop opened to PostgreSQL
+    (``assistant/loop_postgres.py``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT query FROM pg_stat_activity WHERE application_name = %s",
+            [f"{LOOP_CLIENT_NAME}-{pid}"],
+        )
+        return [query for (query,) in cursor.fetchall()]
+
+
+@pytest.mark.parametrize(("server_kind", "on_loop"), [("daphne", False), ("uvicorn", True)])
+def test_a_follow_up_on_the_production_profile(
+    worker_factory, server_kind: str, on_loop: bool, redis_prefix: str
+) -> None:
+    """On Redis, with the writer storing up to 1.5 s late: a follow-up asked the moment
+    ``done`` arrives has the first answer in its history, and another session's is refused.
+    Under uvicorn on PostgreSQL the history is read by the worker's event loop's own connection
+    (``services/loop_admission.py``); under Daphne, and on SQLite, on a reader thread."""
+    worker = worker_factory(
+        CHATSITE_REDIS_URL=REDIS_URL,
+        CHATSITE_REDIS_PREFIX=redis_prefix,
+        CHATSITE_CHAT_RATE="1000",
+        CHATSITE_PERSIST_BATCH_MS="1500",
+        CHATSITE_PERSIST_BATCH_FROM="0",
+    )
+    client, intruder = ChatClient(worker), ChatClient(worker)
+    try:
+        first = client.ask(f"[scripted tokens=3 tag=prod-first-{server_kind}] one")
+        conversation = first[0].json()["conversation"]
+        assert first[-1].event == "done"
+        tag = f"prod-second-{server_kind}"
+        second = client.ask(f"[scripted tokens=3 tag={tag}] two", conversation=conversation)
+        assert second[-1].event == "done"
+        given = worker.wait_engine_event(tag, "start")["given"]
+        assert [role for role, _ in given] == ["system", "user", "assistant", "user"]
+        assert given[2][1] == "".join(default_tokens(3))
+        refused = intruder.raw({"message": "let me in", "conversation": conversation})
+        assert refused.status == 404
+        seen = loop_reads_seen(worker.process.pid) if connection.vendor == "postgresql" else []
+    finally:
+        client.close()
+        intruder.close()
+    if connection.vendor == "postgresql":
+        assert len(seen) == int(on_loop), seen
+        assert all("LEFT JOIN LATERAL" in query for query in seen), seen

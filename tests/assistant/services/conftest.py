@@ -2,13 +2,13 @@
 scripted engine of their own, a session the page issued, and a harness for it; and of the
 tests of what goes by the event loop's own Redis client and what by a database thread."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from django.contrib.sessions.backends.cached_db import SessionStore
 from pytest_django.fixtures import Settings
 
-from assistant import loop_redis
+from assistant import loop_postgres, loop_redis
 from assistant.services.identity import session_issue
 from assistant.services.stream_slots import RedisSlots, slot_store
 from tests.assistant.services.answer_support import ALIAS, CLIENT, Harness
@@ -54,11 +54,14 @@ async def harness(engine_settings: Settings, session_key: str) -> AsyncIterator[
 
 
 @pytest.fixture
-def server_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This process as a server's entry point leaves it: its loop may have a client."""
+async def server_loop(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """This process as a server's entry point leaves it: its loop may have clients (Redis's,
+    and on PostgreSQL a connection, closed after the test)."""
     monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
+    monkeypatch.setattr(loop_postgres, "_state", loop_postgres._LoopDatabase())
     loop_redis.loop_redis_allow()
     yield
+    await loop_postgres.loop_postgres_close()
 
 
 @pytest.fixture

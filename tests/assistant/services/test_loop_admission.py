@@ -14,17 +14,19 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 from django.contrib.sessions.backends.cached_db import SessionStore
+from django.db import connection
 
 from assistant import errors, loop_redis
 from assistant.db import run_db
 from assistant.errors import Rejected
-from assistant.models import Classroom
+from assistant.models import Classroom, Conversation, Message
 from assistant.services import answer_open, classrooms
 from assistant.services.answer_open import Asking, _admission
 from assistant.services.answer_start import _page_admitted
 from assistant.services.chat_request import ChatTurn
 from assistant.services.class_versions import version_stamp
 from assistant.services.classrooms import SESSION_CLASS, class_context_load
+from assistant.services.conversations import ConversationNotFound
 from assistant.services.loop_admission import page_admission_on_loop
 from assistant.services.stream_slots import CLASS_GONE, RedisSlots
 from tests.support import REDIS_URL, thread_trips
@@ -77,12 +79,12 @@ def admission(session_key: str, asked: ChatTurn, request_id: str) -> "asyncio.Fu
     asking = Asking(
         question=asked.message,
         conversation_id=asked.conversation_id,
-        replaces=None,
+        replaces=asked.replaces,
         admit=functools.partial(_page_admitted, session_key, asked, request_id),
         prompt=lambda history, classroom: [],
         owner=lambda: None,  # type: ignore[arg-type,return-value]
         admit_on_loop=lambda: page_admission_on_loop(
-            session_key, asked.conversation_id, asked.shown, request_id
+            session_key, asked.conversation_id, asked.replaces, asked.shown, request_id
         ),
     )
     return _admission(asking)
@@ -146,7 +148,7 @@ async def test_a_class_changed_in_another_process_is_read_again(
 
     # Another worker's teacher changes the persona: this process's read is now old.
     await run_db(_persona, classroom.pk, "Answer in Chinese.")
-    on_loop = page_admission_on_loop(key, None, turn(classroom).shown, "r2")
+    on_loop = page_admission_on_loop(key, None, None, turn(classroom).shown, "r2")
     assert on_loop is not None
     assert await on_loop is None  # nothing counted, nothing taken
     assert (rate_counts(raw, redis_prefix), holders(slots, first.owner_key)) == (counted, ())
@@ -183,7 +185,7 @@ async def test_a_read_older_than_a_change_never_replaces_its_version(
     assert (await run_db(_admitted, _identity(key, old), "r1", None)).taken
     assert raw.get(version_key) == changed
     # This process holds the old read: its loop does not answer from it.
-    on_loop = page_admission_on_loop(key, None, None, "r2")
+    on_loop = page_admission_on_loop(key, None, None, None, "r2")
     assert on_loop is not None and await on_loop is None
 
 
@@ -221,9 +223,8 @@ async def test_what_the_loop_cannot_tell_goes_to_a_thread(
     in_paused = await run_db(a_session, paused)
     await run_db(class_context_load, str(paused.pk))  # read here: known, paused
     for key in (logged_in, evicted):
-        on_loop = page_admission_on_loop(key, None, None, "r1")
+        on_loop = page_admission_on_loop(key, None, None, None, "r1")
         assert on_loop is not None and await on_loop is None
-    assert page_admission_on_loop(evicted, uuid.uuid4(), None, "r1") is None  # its history
     with pytest.raises(Rejected) as refused:
         await admission(in_paused, turn(paused), "r2")
     assert refused.value.error is errors.CLASS_PAUSED
@@ -258,6 +259,63 @@ async def test_a_loop_that_is_not_a_servers_admits_on_a_thread(
 ) -> None:
     monkeypatch.setattr(loop_redis, "_state", loop_redis._LoopClients())
     key = await run_db(a_session)
-    assert page_admission_on_loop(key, None, None, "r1") is None
+    assert page_admission_on_loop(key, None, None, None, "r1") is None
     _, slot, _ = await admission(key, turn(), "r1")
     assert slot.taken and hops == ["_page_admitted"]
+
+
+POSTGRES = connection.vendor == "postgresql"
+
+
+def a_conversation_of(owner_key: str, classroom: Classroom | None) -> uuid.UUID:
+    conversation = Conversation.objects.create(owner_key=owner_key, classroom=classroom)
+    for role, content in (("user", "What is a leaf?"), ("assistant", "A leaf makes sugar.")):
+        Message.objects.create(conversation=conversation, role=role, content=content)
+    return conversation.pk
+
+
+async def test_a_continued_conversation_is_admitted_by_the_loop_on_postgresql(
+    slots: RedisSlots, server_loop: None, hops: list[str], raw: redis.Redis, redis_prefix: str
+) -> None:
+    """Its history read by the loop's own connection (on PostgreSQL; on SQLite, on a thread as
+    before), the same as the thread's read of it."""
+    classroom = await run_db(Classroom.objects.create, name="7B", join_code="LOOPCC")
+    key = await run_db(a_session, classroom)
+    first, _, _ = await admission(key, turn(classroom), "r1")  # the class read here
+    await slots_give_back(slots, first.owner_key, "r1")
+    conversation = await run_db(a_conversation_of, first.owner_key, classroom)
+    on_thread = (await run_db(_page_admitted, key, turn(classroom, conversation), "r0"))[2]
+    await run_db(slots.release, first.owner_key, "r0")
+    assert [m.content for m in on_thread] == ["What is a leaf?", "A leaf makes sugar."]
+    del hops[:]
+
+    identity, slot, history = await admission(key, turn(classroom, conversation), "r2")
+    assert (identity, slot.taken, history) == (first, True, on_thread)
+    assert hops == ([] if POSTGRES else ["_page_admitted"])
+    assert holders(slots, first.owner_key) == ("r2",)
+    assert rate_counts(raw, redis_prefix) == 3
+
+
+async def test_a_conversation_not_the_askers_is_refused_by_the_thread(
+    slots: RedisSlots, server_loop: None, hops: list[str], raw: redis.Redis, redis_prefix: str
+) -> None:
+    """The loop takes nothing for it: the thread reads it and refuses it (404), as before."""
+    key = await run_db(a_session)
+    theirs = await run_db(a_conversation_of, "session:someone-else", None)
+    with pytest.raises(ConversationNotFound):
+        await admission(key, turn(None, theirs), "r1")
+    assert hops == ["_page_admitted"]
+    assert rate_counts(raw, redis_prefix) == 1  # the thread's count only
+    identity, _, _ = await admission(key, turn(), "r2")  # the thread gave its slot back
+    assert holders(slots, identity.owner_key) == ("r2",)
+
+
+async def test_a_replaced_question_is_admitted_on_a_thread(
+    slots: RedisSlots, server_loop: None
+) -> None:
+    key = await run_db(a_session)
+    assert page_admission_on_loop(key, uuid.uuid4(), uuid.uuid4(), None, "r1") is None
+    continued = page_admission_on_loop(key, uuid.uuid4(), None, None, "r1")
+    assert (continued is not None) is POSTGRES
+    if continued is not None:
+        assert await continued is None  # no such conversation: the thread refuses it
