@@ -15,11 +15,14 @@ a SQLite database and a local-memory cache of the run's own; ``--production`` on
 database of ``DATABASE_URL`` (migrated; a class and its sessions are added) and the Redis of
 ``CHATSITE_REDIS_URL``, under a key prefix of the run's own, deleted after. There the students
 are in a class (``--in-class``, as the capacity benchmark's are) or in none; PostgreSQL's and
-Redis's own CPU is not counted, only this process's.
+Redis's own CPU is not counted, only this process's. With ``--continued`` each question continues
+a conversation of its student's (``--history`` messages stored): its owner is checked and its
+history read too, by the loop's own PostgreSQL connection (``assistant/loop_postgres.py``) or on
+the thread.
 
     python benchmarks/admission.py [--admissions 3000] [--rounds 7] [--at-once 1 20]
     DATABASE_URL=postgres://... CHATSITE_REDIS_URL=redis://... \
-        python benchmarks/admission.py --production [--in-class]
+        python benchmarks/admission.py --production [--in-class] [--continued [--history 6]]
 """
 
 import argparse
@@ -58,13 +61,14 @@ from django.conf import settings  # noqa: E402
 from django.contrib.sessions.backends.cached_db import SessionStore  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
-from assistant import loop_redis  # noqa: E402
+from assistant import loop_postgres, loop_redis  # noqa: E402
 from assistant.db import run_db  # noqa: E402
-from assistant.models import Classroom  # noqa: E402
+from assistant.models import Classroom, Conversation, Message  # noqa: E402
 from assistant.services.admission import chat_release  # noqa: E402
 from assistant.services.answer_start import _page_admitted, _page_admitted_now  # noqa: E402
 from assistant.services.chat_request import ChatTurn, chat_turn_parse  # noqa: E402
 from assistant.services.classrooms import SESSION_CLASS  # noqa: E402
+from assistant.services.identity import owner_key_for  # noqa: E402
 from assistant.services.loop_admission import page_admission_on_loop  # noqa: E402
 
 #: Sessions the admissions take turns with (a local-memory cache keeps 300 entries: these and
@@ -82,7 +86,9 @@ async def on_the_loop(key: str, turn: ChatTurn, request_id: str) -> str:
 
 
 async def by_the_loops_client(key: str, turn: ChatTurn, request_id: str) -> str:
-    on_loop = page_admission_on_loop(key, turn.conversation_id, turn.shown, request_id)
+    on_loop = page_admission_on_loop(
+        key, turn.conversation_id, turn.replaces, turn.shown, request_id
+    )
     found = None if on_loop is None else await on_loop
     if found is None:
         raise RuntimeError("the loop could not admit it: not the production profile's Redis")
@@ -94,24 +100,27 @@ async def on_a_thread(key: str, turn: ChatTurn, request_id: str) -> str:
     return identity.owner_key
 
 
-async def admissions(admit: Admit | None, keys: list[str], count: int, at_once: int) -> None:
+async def admissions(
+    admit: Admit | None, keys: list[str], turns: list[ChatTurn], count: int, at_once: int
+) -> None:
     """``count`` admissions (None: empty tasks), ``at_once`` at a time, each in a task of a new
-    context; each admission's slot is given back."""
-    turn = _turn()
+    context; each admission's slot is given back. Session ``i`` asks ``turns[i]``."""
     loop = asyncio.get_running_loop()
 
     async def one(n: int) -> None:
         if admit is None:
             return
         request_id = uuid.uuid4().hex
-        owner_key = await admit(keys[n % len(keys)], turn, request_id)
+        owner_key = await admit(keys[n % len(keys)], turns[n % len(keys)], request_id)
         if PRODUCTION:
             await run_db(chat_release, owner_key=owner_key, request_id=request_id)
         else:
             chat_release(owner_key=owner_key, request_id=request_id)
 
-    # A server's loop: its own Redis client, opened now and closed as the round ends.
+    # A server's loop: its own Redis client and PostgreSQL connection, opened now and closed
+    # as the round ends.
     loop_redis._state = loop_redis._LoopClients()
+    loop_postgres._state = loop_postgres._LoopDatabase()
     loop_redis.loop_redis_allow()
     try:
         for start in range(0, count, at_once):
@@ -122,11 +131,14 @@ async def admissions(admit: Admit | None, keys: list[str], count: int, at_once: 
             await asyncio.gather(*tasks)
     finally:
         await loop_redis.loop_redis_close()
+        await loop_postgres.loop_postgres_close()
 
 
-def round_cpu(admit: Admit | None, keys: list[str], count: int, at_once: int) -> float:
+def round_cpu(
+    admit: Admit | None, keys: list[str], turns: list[ChatTurn], count: int, at_once: int
+) -> float:
     started = time.process_time()
-    uvloop.run(admissions(admit, keys, count, at_once))
+    uvloop.run(admissions(admit, keys, turns, count, at_once))
     return time.process_time() - started
 
 
@@ -137,7 +149,13 @@ def main() -> None:
     parser.add_argument("--at-once", type=int, nargs="+", default=[1, 20])
     parser.add_argument("--production", action="store_true", help="PostgreSQL and Redis")
     parser.add_argument("--in-class", action="store_true", help="the students in one class")
+    parser.add_argument(
+        "--continued", action="store_true", help="each question continues a conversation"
+    )
+    parser.add_argument("--history", type=int, default=6, help="messages in each conversation")
     args = parser.parse_args()
+    if args.continued and not PRODUCTION:
+        sys.exit("--continued needs --production: the local profile admits it on a thread only")
 
     call_command("migrate", verbosity=0)
     # No rate limit or cap met here: every admission takes the whole way.
@@ -155,20 +173,38 @@ def main() -> None:
             session[SESSION_CLASS] = str(classroom.pk)
         session.save()
         keys.append(session.session_key)
+    turns = [
+        _turn(_conversation(key, classroom, args.history) if args.continued else None)
+        for key in keys
+    ]
     ways: dict[str, Admit] = {"loop": on_the_loop, "thread": on_a_thread}
     if PRODUCTION:
-        ways = {"loop's Redis client": by_the_loops_client, "thread": on_a_thread}
+        ways = {"loop's own clients": by_the_loops_client, "thread": on_a_thread}
         # The class read once on a thread, as a worker's first question of it is.
-        uvloop.run(on_a_thread(keys[0], _turn(), uuid.uuid4().hex))
+        uvloop.run(on_a_thread(keys[0], _turn(None), uuid.uuid4().hex))
     try:
-        _measure(args, keys, ways)
+        _measure(args, keys, turns, ways)
     finally:
         if PRODUCTION:
             _forget(keys, classroom)
 
 
-def _turn() -> ChatTurn:
-    return chat_turn_parse(json.dumps({"message": "What is photosynthesis?"}).encode())
+def _turn(conversation: uuid.UUID | None) -> ChatTurn:
+    body = {"message": "What is photosynthesis?"}
+    if conversation is not None:
+        body["conversation"] = str(conversation)
+    return chat_turn_parse(json.dumps(body).encode())
+
+
+def _conversation(key: str, classroom: Classroom | None, messages: int) -> uuid.UUID:
+    """A conversation of ``key``'s student, with ``messages`` questions and answers stored."""
+    conversation = Conversation.objects.create(
+        owner_key=owner_key_for(None, key), classroom=classroom, title="bench"
+    )
+    for i in range(messages):
+        role = Message.Role.ASSISTANT if i % 2 else Message.Role.USER
+        Message.objects.create(conversation=conversation, role=role, content=f"message {i} " * 20)
+    return conversation.pk
 
 
 def _forget(keys: list[str], classroom: Classroom | None) -> None:
@@ -176,6 +212,7 @@ def _forget(keys: list[str], classroom: Classroom | None) -> None:
     import redis
 
     for key in keys:
+        Conversation.objects.filter(owner_key=owner_key_for(None, key)).delete()
         SessionStore(key).delete()
     if classroom is not None:
         classroom.delete()
@@ -186,15 +223,17 @@ def _forget(keys: list[str], classroom: Classroom | None) -> None:
     client.close()
 
 
-def _measure(args: argparse.Namespace, keys: list[str], ways: dict[str, Admit]) -> None:
+def _measure(
+    args: argparse.Namespace, keys: list[str], turns: list[ChatTurn], ways: dict[str, Admit]
+) -> None:
     print(f"Rounds: {args.rounds} of {args.admissions} admissions; us of CPU per admission")
     print("at once | way | median (min-max)")
     for at_once in args.at_once:
         figures: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.rounds):
-            empty = round_cpu(None, keys, args.admissions, at_once)
+            empty = round_cpu(None, keys, turns, args.admissions, at_once)
             for way, admit in ways.items():
-                spent = round_cpu(admit, keys, args.admissions, at_once) - empty
+                spent = round_cpu(admit, keys, turns, args.admissions, at_once) - empty
                 figures[way].append(spent / args.admissions * 1e6)
         for way, values in figures.items():
             print(

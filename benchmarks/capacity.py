@@ -27,7 +27,11 @@ With two or more cores the server (and nginx) runs on core 0 and the load genera
 so neither takes CPU from the other; both CPU figures are printed (a share of one core).
 
     python benchmarks/capacity.py [--servers bare uvicorn chatsite] [--start 50] [--most 3200]
-                                  [--through nginx] [--workers 1]
+                                  [--through nginx] [--workers 1] [--follow-ups 0]
+
+``--follow-ups N``: each student asks N more questions in the conversation their first began
+(its history read with each), then begins another; a server that names no conversation (the
+peer) is asked new questions only.
 
 ``--profile DIR`` samples the server during each level with py-spy (as in
 benchmarks/added_latency.py; py-spy runs on the load generator's core) and prints the top of
@@ -159,6 +163,7 @@ def measure(
             warmup_s=args.warmup_s,
             measure_s=args.measure_s,
             source=source,
+            follow_ups=args.follow_ups,
         )
     )
     server_cpu_s = clock.stop()
@@ -222,6 +227,12 @@ def main() -> None:
         help="nginx: the production profile (benchmarks/capacity_nginx.py)",
     )
     parser.add_argument("--workers", type=int, default=1, help="chatsite's, behind nginx")
+    parser.add_argument(
+        "--follow-ups",
+        type=int,
+        default=0,
+        help="questions each student asks in the conversation they began, then starts another",
+    )
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument(
         "--profile", type=Path, help="sample the server at each level with py-spy, into DIR"

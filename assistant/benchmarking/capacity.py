@@ -19,11 +19,17 @@ slow to end its answers keeps fewer of them streaming (their gaps then look shor
 The client is cheap on purpose: one timestamp per read from the socket and a count of
 ``event: token`` markers in it, no event parsing, so that the load generator's own CPU stays
 well below the server's (the benchmark reports both).
+
+With ``follow_ups`` each student goes on with the conversation their question began (the id in
+the first frame, when the server sends one) for that many questions, then begins another: a
+class's students ask follow-ups far more often than they start over.
 """
 
 import asyncio
+import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +39,8 @@ from .stats import percentile
 TOKEN = b"event: token"
 DONE = b"event: done"
 ERROR = b"event: error"
+#: The conversation an answer belongs to, in its first frame (``event: meta``).
+CONVERSATION = re.compile(rb'"conversation": ?"([0-9a-f-]{36})"')
 #: A level's P99 added time to the first token at most (the HighTTFT alert fires above it).
 TTFT_LIMIT_MS = 500.0
 
@@ -49,6 +57,8 @@ class Answer:
     error: str | None = None
     #: Seconds from the last token frame to the ``done`` event.
     end_s: float | None = None
+    #: The conversation it belongs to, where the server named one.
+    conversation: str | None = None
 
 
 class Markers:
@@ -90,6 +100,8 @@ async def answer(
             markers, last, done = Markers(), 0.0, False
             while not done and (data := await reader.read(65536)):
                 now = time.perf_counter()
+                if result.conversation is None and (named := CONVERSATION.search(data)):
+                    result.conversation = named.group(1).decode()
                 tokens, done, failed = markers.feed(data)
                 if failed:
                     result.error = "event: error"
@@ -121,13 +133,16 @@ async def crowd(
     warmup_s: float,
     measure_s: float,
     source: Callable[[int], str] | None = None,
+    follow_ups: int = 0,
 ) -> tuple[list[Answer], float]:
     """``students`` students asking in a closed loop; the answers asked for during the
     ``measure_s`` seconds after ``warmup_s`` (those started earlier or later are left out), and
     the client's own CPU seconds over the run. The students start spread over the first second
     of the warm-up, not all in the same instant. ``request``: one for every student, or one per
     student (student ``i`` sends number ``i`` modulo their count: a session each); ``source``:
-    the loopback address student ``i`` connects from (a class's, behind its school's NAT)."""
+    the loopback address student ``i`` connects from (a class's, behind its school's NAT);
+    ``follow_ups``: questions each student asks in the conversation they began (the module
+    docstring)."""
     asks = [request] if isinstance(request, bytes) else list(request)
     start = time.perf_counter()
     begin, end = start + warmup_s, start + warmup_s + measure_s
@@ -137,15 +152,30 @@ async def crowd(
     async def student(i: int) -> None:
         await asyncio.sleep(i / students)
         mine, address = asks[i % len(asks)], source(i) if source else None
+        asking, asked = mine, 0
         while time.perf_counter() < end:
-            one = await answer(port, mine, source=address)
+            one = await answer(port, asking, source=address)
             if begin <= one.sent < end:
                 kept.append(one)
             if one.error:
                 await asyncio.sleep(0.1)  # not a hot loop against a refusing server
+            if asked < follow_ups and one.conversation and not one.error:
+                asking, asked = follow_up(mine, one.conversation), asked + 1
+            else:
+                asking, asked = mine, 0
 
     await asyncio.gather(*(student(i) for i in range(students)))
     return kept, sum(os.times()[:2]) - cpu_before
+
+
+def follow_up(request: bytes, conversation: str) -> bytes:
+    """``request`` (an HTTP request whose body is a JSON question) asked in ``conversation``."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    question = json.loads(body)
+    question["conversation"] = conversation
+    asked = json.dumps(question).encode()
+    head = re.sub(rb"(?im)^content-length: *\d+", b"Content-Length: %d" % len(asked), head)
+    return head + b"\r\n\r\n" + asked
 
 
 @dataclass(frozen=True, slots=True)

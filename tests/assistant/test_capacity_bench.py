@@ -13,12 +13,14 @@ from assistant.benchmarking.capacity import (
     Markers,
     answer,
     crowd,
+    follow_up,
     level_figures,
     next_level,
 )
+from assistant.models import Message
 from assistant.sse import encode_comment, encode_json_event
 from benchmarks.added_latency import build_request
-from tests.support import ChatClient, LiveServer
+from tests.support import ChatClient, LiveServer, wait_for
 
 STREAM = (
     encode_comment("open")
@@ -147,6 +149,32 @@ def test_students_in_a_closed_loop_read_whole_answers_from_daphne(worker: LiveSe
     refused, _ = asyncio.run(crowd(worker.port, forged, 1, warmup_s=0, measure_s=0.3))
     assert refused and all(a.error and a.error.startswith("HTTP/1.1 403") for a in refused)
     assert list(itertools.chain.from_iterable(a.gaps_s for a in refused)) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_students_go_on_with_the_conversations_they_began(worker: LiveServer) -> None:
+    """With ``follow_ups`` a student asks that many more questions in the conversation their
+    first began (the id its first frame names), then begins another."""
+    client = ChatClient(worker)
+    cookies = "; ".join(f"{c.name}={c.value}" for c in client.client.cookies.jar)
+    body = b'{"message": "[scripted tokens=2 ttft_ms=1 itl_ms=1] Why?"}'
+    request = build_request(worker.port, body, cookies, client.csrf_token)
+    assert follow_up(request, "c0ffee00-0000-7000-8000-000000000000").endswith(
+        b'{"message": "[scripted tokens=2 ttft_ms=1 itl_ms=1] Why?", '
+        b'"conversation": "c0ffee00-0000-7000-8000-000000000000"}'
+    )
+    answers, _ = asyncio.run(
+        crowd(worker.port, request, 1, warmup_s=0, measure_s=1.5, follow_ups=2)
+    )
+    client.close()
+    assert len(answers) >= 6 and [a.error for a in answers if a.error] == []
+    began = [a.conversation for a in answers]
+    assert None not in began
+    # In the order asked: each conversation three questions in a row (the last maybe fewer).
+    runs = [len(list(group)) for _, group in itertools.groupby(began)]
+    assert runs[:-1] == [3] * (len(runs) - 1) and 1 <= runs[-1] <= 3, runs
+    asked = Message.objects.filter(conversation_id=began[0], role="user")
+    assert wait_for(lambda: asked.count() == 3, timeout=10), asked.count()
 
 
 def test_each_student_sends_their_own_request_from_their_own_address() -> None:
