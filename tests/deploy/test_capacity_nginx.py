@@ -11,8 +11,18 @@ from benchmarks.capacity import measure_box
 from benchmarks.capacity_nginx import box_start
 
 # Short answers close together: enough CPU in a second that the box's clock ticks (10 ms).
+#: Each student asks one follow-up in the conversation their question began (chatsite's stack
+#: reads its history; the peer names no conversation, so its students ask new questions).
 ARGS = argparse.Namespace(
-    ttft_ms=5, tokens=20, itl_ms=2, most=10, workers=1, warmup_s=0.2, measure_s=1.0, profile=None
+    ttft_ms=5,
+    tokens=20,
+    itl_ms=2,
+    most=10,
+    workers=1,
+    warmup_s=0.2,
+    measure_s=1.0,
+    profile=None,
+    follow_ups=1,
 )
 
 
