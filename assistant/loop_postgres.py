@@ -117,6 +117,7 @@ class _LoopDatabase:
 
     def __init__(self) -> None:
         self.reads: LoopReads | None = None
+        #: Closed as the worker stops, or never to be made: the database is not PostgreSQL.
         self.closed = False
 
 
@@ -133,6 +134,7 @@ def loop_reads() -> LoopReads | None:
         return None
     params = _connection_params()
     if params is None:
+        state.closed = True  # asked once: the settings do not change
         return None
     state.reads = LoopReads(params)
     return state.reads

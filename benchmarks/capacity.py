@@ -194,7 +194,12 @@ def show(name: str, level: Level, args: argparse.Namespace) -> None:
         f"{name:8s} {level.students:5d} students  {level.answers:5d} answers"
         f" {level.errors:4d} failed  {level.tokens_per_s:8.0f} tokens/s"
         f"  added TTFT p50/p99 {level.added_ttft_p50}/{level.added_ttft_p99} ms"
-        f"  added ITL p50/p99/max {level.added_itl_p50}/{level.added_itl_p99}"
+        + (
+            f" (follow-ups {level.follow_up_ttft_p50}/{level.follow_up_ttft_p99} ms)"
+            if level.follow_up_ttft_p50 is not None
+            else ""
+        )
+        + f"  added ITL p50/p99/max {level.added_itl_p50}/{level.added_itl_p99}"
         f"/{level.added_itl_max} ms  end p99 {level.added_end_p99} ms"
         f"  CPU server {level.server_cpu:.0%} client {level.client_cpu:.0%}  {verdict}"
         + (f"  ({level.first_error})" if level.first_error else ""),

@@ -59,6 +59,8 @@ class Answer:
     end_s: float | None = None
     #: The conversation it belongs to, where the server named one.
     conversation: str | None = None
+    #: Asked in a conversation an earlier answer began (``crowd``'s ``follow_ups``).
+    follow_up: bool = False
 
 
 class Markers:
@@ -155,6 +157,7 @@ async def crowd(
         asking, asked = mine, 0
         while time.perf_counter() < end:
             one = await answer(port, asking, source=address)
+            one.follow_up = asked > 0
             if begin <= one.sent < end:
                 kept.append(one)
             if one.error:
@@ -196,6 +199,9 @@ class Level:
     #: From the last token to ``done`` (the engine adds nothing there).
     added_end_p99: float | None = None
     first_error: str | None = None
+    #: The added TTFT of the follow-ups alone (None: none asked).
+    follow_up_ttft_p50: float | None = None
+    follow_up_ttft_p99: float | None = None
 
     def passes(self, itl_limit_ms: float, ttft_limit_ms: float = TTFT_LIMIT_MS) -> bool:
         return (
@@ -232,6 +238,7 @@ def level_figures(
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
     gaps = [gap for a in ok for gap in a.gaps_s]
     ends = [a.end_s for a in ok if a.end_s is not None]
+    followed = [a.ttft_s for a in ok if a.ttft_s is not None and a.follow_up]
     return Level(
         students=students,
         answers=len(answers),
@@ -246,6 +253,8 @@ def level_figures(
         client_cpu=round(client_cpu_s / wall_s, 3),
         added_end_p99=_ms(ends, 99, 0),
         first_error=failed[0].error if failed else None,
+        follow_up_ttft_p50=_ms(followed, 50, ttft_ms),
+        follow_up_ttft_p99=_ms(followed, 99, ttft_ms),
     )
 
 

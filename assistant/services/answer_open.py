@@ -49,6 +49,7 @@ from assistant.services.frames import SITE_FRAMES, Frames
 from assistant.services.identity import Identity
 from assistant.services.persistence import Rows, rows_store
 from assistant.services.seats import Seat, Seating, seating_for
+from assistant.services.table_rows import Row
 from assistant.services.telemetry import refused_record, stream_refused, stream_started
 from assistant.services.timings import StreamTimings, now
 
@@ -75,6 +76,9 @@ class Asking:
     #: The conversation it continues (None: a new one, whose engine may start early).
     conversation_id: uuid.UUID | None
     replaces: uuid.UUID | None
+    #: What its history read is completed with, of its conversation's rows not stored yet
+    #: (``conversations.history_held``); None: the read waits for them to be stored.
+    held: list[Row] | None
     #: Synchronous, on a database thread: who asks, their stream slot and their history;
     #: ``Rejected`` when they may not.
     admit: Callable[[], Admitted]
@@ -326,9 +330,10 @@ async def _answer_open(
     (no session, a paused class, a limit, a conversation that is not theirs).
     """
     timings.parsed = now()
-    if asking.conversation_id is not None:
-        # Its last answer may still be on its way to the database: the history read beside
-        # the engine must find it. (Holding nothing yet: no seat, no slot.)
+    if asking.conversation_id is not None and asking.held is None:
+        # Its last answer may still be on its way to the database, with rows that cannot
+        # complete the history read (``held``): the read must find them stored. (Holding
+        # nothing yet: no seat, no slot.)
         await conversation_written(asking.conversation_id)
     seating = seating_for(engine)
     early = guess_known and not (guess is not None and guess.paused)

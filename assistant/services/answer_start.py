@@ -8,6 +8,7 @@ conversation, the session read beside it) is ``services/answer_open.py``'s, shar
 
 import functools
 import uuid
+from collections.abc import Sequence
 
 from django.conf import settings
 
@@ -27,7 +28,7 @@ from assistant.services.classrooms import (
     class_shown_check,
     system_prompt,
 )
-from assistant.services.conversations import conversation_history
+from assistant.services.conversations import conversation_history, history_held
 from assistant.services.identity import (
     Identity,
     identity_in_memory,
@@ -36,6 +37,7 @@ from assistant.services.identity import (
 )
 from assistant.services.loop_admission import page_admission_on_loop
 from assistant.services.serving_state import engine_alias_for
+from assistant.services.table_rows import Row
 from assistant.services.timings import StreamTimings
 
 
@@ -65,11 +67,13 @@ async def answer_start(
         raise Rejected(errors.SESSION_REQUIRED)
     request_id_check(request_id)
     turn = chat_turn_parse(body)
+    held = history_held(turn.conversation_id, turn.replaces)
     asking = Asking(
         question=turn.message,
         conversation_id=turn.conversation_id,
         replaces=turn.replaces,
-        admit=functools.partial(_page_admitted, session_key, turn, request_id),
+        held=held,
+        admit=functools.partial(_page_admitted, session_key, turn, request_id, held=held or ()),
         admit_now=functools.partial(_page_admitted_now, session_key, turn, request_id),
         admit_on_loop=functools.partial(
             page_admission_on_loop,
@@ -78,6 +82,7 @@ async def answer_start(
             turn.replaces,
             turn.shown,
             request_id,
+            held=held or (),
         ),
         prompt=functools.partial(_messages, turn.message),
         owner=functools.partial(identity_resolve, session_key),
@@ -94,10 +99,13 @@ async def answer_start(
     )
 
 
-def _page_admitted(session_key: str | None, turn: ChatTurn, request_id: str) -> Admitted:
-    """The page's asker: their identity and slot (and history, continuing a conversation)."""
+def _page_admitted(
+    session_key: str | None, turn: ChatTurn, request_id: str, *, held: Sequence[Row] = ()
+) -> Admitted:
+    """The page's asker: their identity and slot (and history, continuing a conversation,
+    completed with ``held``: ``conversations.history_held``)."""
     if turn.conversation_id is not None:
-        return _identity_and_history(session_key, turn, request_id)
+        return _identity_and_history(session_key, turn, request_id, held)
     identity, slot = _identity_admitted(session_key, request_id, turn.shown)
     return identity, slot, []
 
@@ -145,11 +153,13 @@ def _admitted(identity: Identity, request_id: str, shown: ClassShown) -> SlotTry
     )
 
 
-def _identity_and_history(session_key: str | None, turn: ChatTurn, request_id: str) -> Admitted:
+def _identity_and_history(
+    session_key: str | None, turn: ChatTurn, request_id: str, held: Sequence[Row]
+) -> Admitted:
     assert turn.conversation_id is not None
     identity, slot = _identity_admitted(session_key, request_id, turn.shown)
     try:
-        history = _history(identity, turn.conversation_id, before=turn.replaces)
+        history = _history(identity, turn.conversation_id, before=turn.replaces, held=held)
     except BaseException:
         chat_release(owner_key=identity.owner_key, request_id=request_id)
         raise
@@ -157,7 +167,11 @@ def _identity_and_history(session_key: str | None, turn: ChatTurn, request_id: s
 
 
 def _history(
-    identity: Identity, conversation_id: uuid.UUID, *, before: uuid.UUID | None
+    identity: Identity,
+    conversation_id: uuid.UUID,
+    *,
+    before: uuid.UUID | None,
+    held: Sequence[Row],
 ) -> list[ChatMessage]:
     return conversation_history(
         owner_key=identity.owner_key,
@@ -165,4 +179,5 @@ def _history(
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
         before=before,
+        held=held,
     )

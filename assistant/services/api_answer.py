@@ -55,6 +55,7 @@ async def api_answer_start(
         question=request.question,
         conversation_id=None,
         replaces=None,
+        held=None,
         admit=functools.partial(_admitted, presented, request_id, request),
         prompt=request.prompt,
         owner=functools.partial(key_owner, presented),

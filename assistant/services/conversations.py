@@ -8,7 +8,7 @@ import json
 import logging
 import unicodedata
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +27,13 @@ from assistant.services.deleted_marks import deleted_key, deleted_look
 from assistant.services.persistence import (
     PersistenceFailed,
     Rows,
+    rows_held,
     rows_submit,
     rows_writing,
     rows_written,
 )
 from assistant.services.ratelimit import rate_limit_hit
+from assistant.services.table_rows import Row
 from assistant.services.telemetry import AnswerSummary, stream_record
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,40 @@ class Exchange:
 WRITTEN_WAIT_S = 3.0
 
 
+def history_held(conversation_id: uuid.UUID | None, replaces: uuid.UUID | None) -> list[Row] | None:
+    """What a follow-up question's history read is completed with (``history_completed``): the
+    messages of ``conversation_id`` this loop's group writer holds, not stored yet (usually the
+    answer that has just ended, which the writer stores in its next batch). None: nothing can
+    complete it, and the read must wait for what is held (``conversation_written``): a new
+    conversation's rows, a question set aside, or a question replacing another (whose history
+    ends before it)."""
+    if conversation_id is None or replaces is not None:
+        return None
+    return rows_held(conversation_id)
+
+
+def history_completed(
+    stored: Iterable[tuple[Any, str | None, str | None]], held: Sequence[Row], limit: int
+) -> list[ChatMessage]:
+    """The last ``limit`` messages of a conversation, oldest first: ``stored`` (its last
+    ``limit`` stored messages, newest first, as ``(id, role, content)``; an empty role: none)
+    followed by ``held`` (``history_held``, in the order handed to the writer), newer than any
+    stored, but the empty and those stored meanwhile. The writer stores in that order, so
+    those are the held up to the last one ``stored`` has (the newest stored message; the
+    earlier may be past ``limit``)."""
+    found = [(key, role, content) for key, role, content in stored if role]
+    have = {key for key, _, _ in found}
+    messages = [ChatMessage(role=role, content=content or "") for key, role, content in found]
+    messages.reverse()
+    last = max((i for i, m in enumerate(held) if m["id"] in have), default=-1)
+    messages += (
+        ChatMessage(role=str(m["role"]), content=m["content"])
+        for m in held[last + 1 :]
+        if m["content"]
+    )
+    return messages[-limit:]
+
+
 async def conversation_written(conversation_id: uuid.UUID) -> None:
     """Return once what this loop's group writer was handed of ``conversation_id`` is stored (at
     once when nothing is waiting, the usual case), or after ``WRITTEN_WAIT_S``: the history read
@@ -87,10 +123,12 @@ def conversation_history(
     conversation_id: uuid.UUID,
     limit: int,
     before: uuid.UUID | None = None,
+    held: Sequence[Row] = (),
 ) -> list[ChatMessage]:
     """The last ``limit`` messages of the owner's conversation in ``classroom_id`` (None: one
     begun in no class), oldest first, leaving out what was replaced; with ``before`` (a question
-    being replaced), only the messages before it.
+    being replaced), only the messages before it; completed with ``held``, the messages not
+    stored yet (``history_held``).
 
     Raises ``ConversationNotFound``, or ``Rejected`` when ``before`` is not one of the
     conversation's questions (``invalid_replaces``) or was replaced already
@@ -114,14 +152,17 @@ def conversation_history(
         if question[1] is not None:
             raise Rejected(errors.QUESTION_REPLACED)
         messages = messages.filter(created_at__lt=question[0])
-    recent = (
-        messages.exclude(content="").order_by("-created_at").values_list("role", "content")[:limit]
-    )
-    return [ChatMessage(role=role, content=content) for role, content in reversed(recent)]
+    recent = messages.exclude(content="").order_by("-created_at")
+    return history_completed(recent.values_list("id", "role", "content")[:limit], held, limit)
 
 
 def history_on_loop(
-    *, owner_key: str, classroom_id: uuid.UUID | None, conversation_id: uuid.UUID, limit: int
+    *,
+    owner_key: str,
+    classroom_id: uuid.UUID | None,
+    conversation_id: uuid.UUID,
+    limit: int,
+    held: Sequence[Row] = (),
 ) -> Coroutine[Any, Any, list[ChatMessage] | None] | None:
     """``conversation_history`` (with no ``before``) read by the event loop's own connection
     (``assistant/loop_postgres.py``), where the loop has one; None where it cannot be tried.
@@ -130,10 +171,12 @@ def history_on_loop(
     reads = loop_reads()
     if reads is None:
         return None
-    return _history_read(reads, (limit, conversation_id, owner_key, classroom_id))
+    return _history_read(reads, (limit, conversation_id, owner_key, classroom_id), held, limit)
 
 
-async def _history_read(reads: LoopReads, params: tuple[Any, ...]) -> list[ChatMessage] | None:
+async def _history_read(
+    reads: LoopReads, params: tuple[Any, ...], held: Sequence[Row], limit: int
+) -> list[ChatMessage] | None:
     try:
         rows = await reads.rows(_history_sql(), params)
     except Exception:
@@ -141,7 +184,7 @@ async def _history_read(reads: LoopReads, params: tuple[Any, ...]) -> list[ChatM
     if not rows:
         return None  # not this owner's conversation in this class: the thread refuses it
     # Newest first, as the ORM's query; a conversation with no message yet is one empty row.
-    return [ChatMessage(role=role, content=content) for role, content in reversed(rows) if role]
+    return history_completed(rows, held, limit)
 
 
 @functools.cache
@@ -150,8 +193,8 @@ def _history_sql() -> str:
     that class, and its last messages (those not replaced and not empty), newest first."""
     conversations, messages = (f'"{model._meta.db_table}"' for model in (Conversation, Message))
     return (
-        "SELECT m.role, m.content FROM "
-        f"{conversations} AS c LEFT JOIN LATERAL (SELECT role, content, created_at FROM "
+        "SELECT m.id, m.role, m.content FROM "
+        f"{conversations} AS c LEFT JOIN LATERAL (SELECT id, role, content, created_at FROM "
         f"{messages} WHERE conversation_id = c.id AND replaced_at IS NULL AND content <> '' "
         "ORDER BY created_at DESC LIMIT %s) AS m ON TRUE "
         "WHERE c.id = %s AND c.owner_key = %s AND c.classroom_id IS NOT DISTINCT FROM %s::uuid "

@@ -23,7 +23,7 @@ PostgreSQL failed to answer.
 """
 
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +39,7 @@ from assistant.services.classrooms import ClassContext, chat_rate_for, class_sho
 from assistant.services.conversations import history_on_loop
 from assistant.services.identity import Identity, identity_on_loop
 from assistant.services.stream_slots import RedisSlots, slot_store
+from assistant.services.table_rows import Row
 
 
 def page_admission_on_loop(
@@ -47,9 +48,13 @@ def page_admission_on_loop(
     replaces: uuid.UUID | None,
     shown: ClassShown,
     request_id: str,
+    *,
+    held: Sequence[Row] = (),
 ) -> Coroutine[Any, Any, Admitted | None] | None:
     """The admission of a page's question on the event loop, if it can be tried there (else
-    None: on a thread). The coroutine's None: it could not be told there, nothing was taken."""
+    None: on a thread). The coroutine's None: it could not be told there, nothing was taken.
+    A continued conversation's history is completed with ``held``
+    (``conversations.history_held``)."""
     if replaces is not None:
         return None  # the replaced question's checks are the thread's
     if conversation_id is not None and loop_reads() is None:
@@ -60,7 +65,7 @@ def page_admission_on_loop(
     reading = identity_on_loop(session_key)
     if reading is None:
         return None
-    return _admitted(reading, store, conversation_id, shown, request_id)
+    return _admitted(reading, store, conversation_id, shown, request_id, held)
 
 
 async def _admitted(
@@ -69,6 +74,7 @@ async def _admitted(
     conversation_id: uuid.UUID | None,
     shown: ClassShown,
     request_id: str,
+    held: Sequence[Row],
 ) -> Admitted | None:
     identity = await reading
     if identity is None:
@@ -78,7 +84,7 @@ async def _admitted(
         return None  # the thread reads it again, and refuses if it still must
     history: list[ChatMessage] = []
     if conversation_id is not None:
-        found = await _history(identity, conversation_id)
+        found = await _history(identity, conversation_id, held)
         if found is None:
             return None  # the thread reads it, and refuses a conversation not theirs
         history = found
@@ -92,12 +98,15 @@ async def _admitted(
     return None if tried is None else (identity, tried, history)
 
 
-async def _history(identity: Identity, conversation_id: uuid.UUID) -> list[ChatMessage] | None:
+async def _history(
+    identity: Identity, conversation_id: uuid.UUID, held: Sequence[Row]
+) -> list[ChatMessage] | None:
     reading = history_on_loop(
         owner_key=identity.owner_key,
         classroom_id=identity.classroom_id,
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
+        held=held,
     )
     return None if reading is None else await reading
 

@@ -14,8 +14,10 @@ taken the moment the previous one is stored holds only what arrived meanwhile. S
 answers running (``PERSIST_BATCH_FROM``), the writer takes a batch at most once every
 ``PERSIST_BATCH_MS``: what was said is stored that much later, never more, and many answers share
 each transaction. With fewer running, or the first time after a pause, rows are written at once.
-The rows of a conversation still on their way are known (``rows_writing``), so a follow-up
-question can wait for them (``rows_written``, ``conversations.conversation_written``).
+The rows of a conversation still on their way are known: a follow-up question's history is
+completed with the messages among them (``rows_held``, ``conversations.history_completed``), or,
+where they make the conversation or set questions aside, waits for them (``rows_writing``,
+``rows_written``, ``conversations.conversation_written``).
 """
 
 import asyncio
@@ -202,8 +204,8 @@ class GroupWriter:
         self._task: asyncio.Task[None] | None = None
         #: When the last batch was taken (the loop's clock): the next waits for ``_pause``.
         self._taken_at = -math.inf
-        #: Each conversation's latest rows handed over and not written yet (nor given up).
-        self._writing: dict[uuid.UUID, Rows] = {}
+        #: Each conversation's rows handed over and not written yet (nor given up), in order.
+        self._writing: dict[uuid.UUID, list[Rows]] = {}
         #: Done when the batch being written is, for ``written``'s waiters (None: none waits).
         self._flushed: asyncio.Future[None] | None = None
 
@@ -216,12 +218,24 @@ class GroupWriter:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
         for conversation_id in _conversations_of(rows):
-            self._writing[conversation_id] = rows
+            self._writing.setdefault(conversation_id, []).append(rows)
         return done
 
     def writing(self, conversation_id: uuid.UUID) -> bool:
         """Whether rows of ``conversation_id`` handed over are not written yet."""
         return conversation_id in self._writing
+
+    def held(self, conversation_id: uuid.UUID) -> list[Row] | None:
+        """The messages of ``conversation_id`` handed over and not known to be written yet, in
+        the order handed over (some may be written by the time they are read): what a history
+        read of it lacks. None when the rows held are more than messages added to it (they make
+        the conversation, or set questions aside): a read must wait for them (``written``)."""
+        messages: list[Row] = []
+        for rows in self._writing.get(conversation_id, ()):
+            if rows.conversations or rows.replaced:
+                return None
+            messages += (m for m in rows.messages if m["conversation_id"] == conversation_id)
+        return messages
 
     async def written(self, conversation_id: uuid.UUID) -> None:
         """Return once every row of ``conversation_id`` handed over so far is written (or given
@@ -235,8 +249,11 @@ class GroupWriter:
         writing = self._writing
         for rows, _ in batch:
             for conversation_id in _conversations_of(rows):
-                if writing.get(conversation_id) is rows:
-                    del writing[conversation_id]
+                held = [other for other in writing.get(conversation_id, ()) if other is not rows]
+                if held:
+                    writing[conversation_id] = held
+                else:
+                    writing.pop(conversation_id, None)
         flushed, self._flushed = self._flushed, None
         if flushed is not None:
             flushed.set_result(None)
@@ -369,6 +386,12 @@ def rows_writing(conversation_id: uuid.UUID) -> bool:
     """Whether the running loop's writer holds rows of ``conversation_id`` not written yet."""
     writer = _writers.get(asyncio.get_running_loop())
     return writer is not None and writer.writing(conversation_id)
+
+
+def rows_held(conversation_id: uuid.UUID) -> list[Row] | None:
+    """``GroupWriter.held`` of the running loop's writer (nothing held where it has none)."""
+    writer = _writers.get(asyncio.get_running_loop())
+    return [] if writer is None else writer.held(conversation_id)
 
 
 async def rows_written(conversation_id: uuid.UUID) -> None:

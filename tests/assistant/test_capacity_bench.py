@@ -86,6 +86,13 @@ def test_figures_take_the_engines_own_delays_off() -> None:
     assert ending.added_end_p99 is not None and ending.added_end_p99 > 50
     assert not ending.passes(50)  # every token on time, but done came 400 ms after the last
     assert ending.passes(500)
+    assert level.follow_up_ttft_p50 is None  # none asked
+    followed = Answer(sent=0.0, ttft_s=0.170, gaps_s=[0.05], tokens=2, follow_up=True)
+    continued = level_figures(
+        10, [*ok, followed], ttft_ms=100, itl_ms=50,
+        measure_s=2, server_cpu_s=0, client_cpu_s=0, wall_s=1,
+    )  # fmt: skip
+    assert (continued.added_ttft_p50, continued.follow_up_ttft_p50) == (5.0, 70.0)
 
 
 def search(
@@ -173,6 +180,8 @@ def test_students_go_on_with_the_conversations_they_began(worker: LiveServer) ->
     # In the order asked: each conversation three questions in a row (the last maybe fewer).
     runs = [len(list(group)) for _, group in itertools.groupby(began)]
     assert runs[:-1] == [3] * (len(runs) - 1) and 1 <= runs[-1] <= 3, runs
+    # The first of each run began it; the others followed up.
+    assert [a.follow_up for a in answers[:6]] == [False, True, True] * 2
     asked = Message.objects.filter(conversation_id=began[0], role="user")
     assert wait_for(lambda: asked.count() == 3, timeout=10), asked.count()
 

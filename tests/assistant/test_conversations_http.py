@@ -50,22 +50,37 @@ def test_continuing_a_conversation_sends_its_history(
     assert history[2]["content"] == "[scripted tokens=3 tag=second] two"
 
 
+#: The writer's interval in the follow-up tests: far beyond a follow-up's wait for rows it
+#: cannot do without (``conversations.WRITTEN_WAIT_S``) and an exchange's time.
+LATE_WRITER = {"CHATSITE_PERSIST_BATCH_MS": "10000", "CHATSITE_PERSIST_BATCH_FROM": "0"}
+
+
+def follow_up_before_stored(worker: LiveServer, client: ChatClient, tag: str) -> str:
+    """A question, then a follow-up asked the moment its answer's ``done`` arrives, while the
+    worker's writer (``LATE_WRITER``: a batch at most every 10 s, however few answers run) still
+    holds the answer: the engine gets it in the history all the same, from what the writer
+    holds (``conversations.history_held``), not by waiting for it to be stored. The first
+    question (with its new conversation, which a follow-up must find stored) is the writer's
+    first batch, written at once. Returns the conversation."""
+    first = client.ask(f"[scripted tokens=3 tag={tag}-first] one")
+    meta = first[0].json()
+    assert first[-1].event == "done"
+    wait_for(lambda: Message.objects.filter(id=meta["user_message"]).exists())
+    second = client.ask(f"[scripted tokens=3 tag={tag}-second] two", meta["conversation"])
+    assert second[-1].event == "done"
+    assert not Message.objects.filter(id=meta["message"]).exists()  # the writer holds it
+    # system prompt + first question + first answer + the new question
+    given = worker.wait_engine_event(f"{tag}-second", "start")["given"]
+    assert [role for role, _ in given] == ["system", "user", "assistant", "user"]
+    assert given[2][1] == "".join(default_tokens(3))
+    return meta["conversation"]
+
+
 def test_a_follow_up_asked_as_the_answer_ends_has_it_in_its_history(daphne_factory) -> None:
-    """With the worker's writer storing what was said up to 1.5 s late (a batch at most that
-    often, however few answers run), a follow-up asked the moment ``done`` arrives waits for
-    its conversation's rows: the engine gets the first answer in the history."""
-    worker = daphne_factory(CHATSITE_PERSIST_BATCH_MS="1500", CHATSITE_PERSIST_BATCH_FROM="0")
+    worker = daphne_factory(**LATE_WRITER)
     client = ChatClient(worker)
     try:
-        first = client.ask("[scripted tokens=3 tag=late-first] one")
-        conversation = first[0].json()["conversation"]
-        assert first[-1].event == "done"
-        second = client.ask("[scripted tokens=3 tag=late-second] two", conversation=conversation)
-        assert second[-1].event == "done"
-        # system prompt + first question + first answer + the new question
-        given = worker.wait_engine_event("late-second", "start")["given"]
-        assert [role for role, _ in given] == ["system", "user", "assistant", "user"]
-        assert given[2][1] == "".join(default_tokens(3))
+        follow_up_before_stored(worker, client, "late")
     finally:
         client.close()
 
@@ -146,28 +161,19 @@ def loop_reads_seen(pid: int) -> list[str]:
 def test_a_follow_up_on_the_production_profile(
     worker_factory, server_kind: str, on_loop: bool, redis_prefix: str
 ) -> None:
-    """On Redis, with the writer storing up to 1.5 s late: a follow-up asked the moment
-    ``done`` arrives has the first answer in its history, and another session's is refused.
+    """On Redis, with the writer holding what was said: a follow-up asked the moment ``done``
+    arrives has the first answer in its history, and another session's is refused.
     Under uvicorn on PostgreSQL the history is read by the worker's event loop's own connection
     (``services/loop_admission.py``); under Daphne, and on SQLite, on a reader thread."""
     worker = worker_factory(
         CHATSITE_REDIS_URL=REDIS_URL,
         CHATSITE_REDIS_PREFIX=redis_prefix,
         CHATSITE_CHAT_RATE="1000",
-        CHATSITE_PERSIST_BATCH_MS="1500",
-        CHATSITE_PERSIST_BATCH_FROM="0",
+        **LATE_WRITER,
     )
     client, intruder = ChatClient(worker), ChatClient(worker)
     try:
-        first = client.ask(f"[scripted tokens=3 tag=prod-first-{server_kind}] one")
-        conversation = first[0].json()["conversation"]
-        assert first[-1].event == "done"
-        tag = f"prod-second-{server_kind}"
-        second = client.ask(f"[scripted tokens=3 tag={tag}] two", conversation=conversation)
-        assert second[-1].event == "done"
-        given = worker.wait_engine_event(tag, "start")["given"]
-        assert [role for role, _ in given] == ["system", "user", "assistant", "user"]
-        assert given[2][1] == "".join(default_tokens(3))
+        conversation = follow_up_before_stored(worker, client, f"prod-{server_kind}")
         refused = intruder.raw({"message": "let me in", "conversation": conversation})
         assert refused.status == 404
         seen = loop_reads_seen(worker.process.pid) if connection.vendor == "postgresql" else []

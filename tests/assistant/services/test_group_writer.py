@@ -7,16 +7,25 @@ the writer's own calls to ``rows_write``."""
 import asyncio
 import gc
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
 from pytest_django.fixtures import Settings
 
 from assistant.db import run_db
-from assistant.models import Conversation
+from assistant.engines import ChatMessage
+from assistant.ids import ordered_uuid
+from assistant.models import Conversation, StreamRecord
 from assistant.services import conversations, persistence
 from assistant.services.answer_registry import answer_ended, answer_register
+from assistant.services.conversations import (
+    Exchange,
+    answer_rows,
+    conversation_history,
+    history_held,
+    question_rows,
+)
 from assistant.services.persistence import (
     Rows,
     rows_hand_over,
@@ -25,6 +34,7 @@ from assistant.services.persistence import (
     rows_writing,
     rows_written,
 )
+from assistant.services.table_rows import Row
 from tests.support import row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -246,3 +256,88 @@ async def test_rows_handed_over_are_stored_without_a_task_and_a_refusal_is_the_w
     assert reported == []
     refused = [r for r in caplog.records if r.getMessage().startswith("Could not store")]
     assert len(refused) == 1
+
+
+def exchange(conversation_id: uuid.UUID, replaces: uuid.UUID | None = None) -> Exchange:
+    return Exchange(
+        conversation_id=conversation_id,
+        user_message_id=ordered_uuid(),
+        answer_message_id=ordered_uuid(),
+        is_new_conversation=False,
+        request_id=uuid.uuid4().hex,
+        replaces=replaces,
+    )
+
+
+def said(conversation_id: uuid.UUID, question: str, answer: str) -> list[Rows]:
+    """An exchange's rows as an answer stores them: its question's, then its answer's."""
+    asked = exchange(conversation_id)
+    outcome = StreamRecord.Outcome.OK if answer else StreamRecord.Outcome.ENGINE_ERROR
+    return [
+        question_rows(owner_key="owner", classroom_id=None, exchange=asked, question=question),
+        answer_rows(exchange=asked, content=answer, outcome=outcome, finish_reason="stop"),
+    ]
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_a_follow_ups_history_is_completed_with_the_messages_the_writer_holds() -> None:
+    """Two exchanges held through the writer's interval (the second's answer failed before any
+    text): a follow-up's history has them at its end, in order, before they are stored and
+    after, each once; nothing is held once they are stored."""
+    made = conversation("made")
+    await rows_store(made)  # stored at once; the next batch waits for the interval
+    held_for = conversation_id(made)
+    stores = [
+        rows_submit(rows)
+        for rows in [*said(held_for, "why?", "because"), *said(held_for, "and?", "")]
+    ]
+    held = history_held(held_for, None)
+    assert held is not None and [m["content"] for m in held] == ["why?", "because", "and?", ""]
+    assert history_held(uuid.uuid4(), None) == []
+    expected = [
+        ChatMessage(role="user", content="why?"),
+        ChatMessage(role="assistant", content="because"),
+        ChatMessage(role="user", content="and?"),
+    ]
+
+    def history(limit: int, held: Sequence[Row]) -> list[ChatMessage]:
+        return conversation_history(
+            owner_key="owner", classroom_id=None, conversation_id=held_for, limit=limit, held=held
+        )
+
+    assert await run_db(history, 50, []) == []  # nothing stored yet
+    assert await run_db(history, 50, held) == expected
+    assert await run_db(history, 2, held) == expected[1:]
+    await asyncio.gather(*stores)
+    assert history_held(held_for, None) == []
+    assert await run_db(history, 50, []) == expected
+    assert await run_db(history, 50, held) == expected  # stored meanwhile: once
+    assert await run_db(history, 2, held) == expected[1:]
+
+
+@pytest.mark.usefixtures("batching", "busy")
+async def test_rows_that_make_a_conversation_or_set_a_question_aside_are_waited_for() -> None:
+    """A conversation whose rows held make it, or set a question aside, cannot be completed:
+    ``history_held`` is None, and the follow-up waits for them (``conversation_written``);
+    nor can a question replacing another, whatever is held."""
+    await rows_store(conversation("first"))
+    made = conversation("made")
+    stores = [rows_submit(made)]
+    assert history_held(conversation_id(made), None) is None
+    stored = conversation("stored")
+    await asyncio.gather(*stores, rows_store(stored))
+    assert history_held(conversation_id(made), None) == []
+    assert history_held(conversation_id(made), uuid.uuid4()) is None
+    question, answer = said(conversation_id(stored), "why?", "because")
+    stores = [rows_submit(question), rows_submit(answer)]
+    asked_again = question_rows(
+        owner_key="owner",
+        classroom_id=None,
+        exchange=exchange(conversation_id(stored), replaces=question.messages[0]["id"]),
+        question="why, again?",
+    )
+    assert history_held(conversation_id(stored), None) is not None
+    stores.append(rows_submit(asked_again))
+    assert history_held(conversation_id(stored), None) is None
+    await asyncio.gather(*stores)
+    assert history_held(conversation_id(stored), None) == []

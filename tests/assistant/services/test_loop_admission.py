@@ -16,9 +16,10 @@ from django.contrib.auth.models import User
 from django.contrib.sessions.backends.cached_db import SessionStore
 from django.db import connection
 
-from assistant import errors, loop_redis
+from assistant import errors, loop_postgres, loop_redis
 from assistant.db import run_db
 from assistant.errors import Rejected
+from assistant.loop_postgres import loop_reads
 from assistant.models import Classroom, Conversation, Message
 from assistant.services import answer_open, classrooms
 from assistant.services.answer_open import Asking, _admission
@@ -80,6 +81,7 @@ def admission(session_key: str, asked: ChatTurn, request_id: str) -> "asyncio.Fu
         question=asked.message,
         conversation_id=asked.conversation_id,
         replaces=asked.replaces,
+        held=None,
         admit=functools.partial(_page_admitted, session_key, asked, request_id),
         prompt=lambda history, classroom: [],
         owner=lambda: None,  # type: ignore[arg-type,return-value]
@@ -319,3 +321,15 @@ async def test_a_replaced_question_is_admitted_on_a_thread(
     assert (continued is not None) is POSTGRES
     if continued is not None:
         assert await continued is None  # no such conversation: the thread refuses it
+
+
+async def test_a_database_not_postgresql_is_looked_at_once(
+    server_loop: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where Django's database is not PostgreSQL the loop reads nothing, and the settings are
+    looked at once, not for every follow-up."""
+    looked: list[None] = []
+    monkeypatch.setattr(loop_postgres, "_connection_params", lambda: looked.append(None))
+    assert loop_reads() is None
+    assert loop_reads() is None
+    assert len(looked) == 1

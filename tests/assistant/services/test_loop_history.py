@@ -10,6 +10,7 @@ local profile's SQLite these tests have nothing to read, and the thread reads as
 import asyncio
 import os
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,7 @@ from django.utils import timezone
 from assistant import loop_postgres
 from assistant.db import run_db
 from assistant.engines import ChatMessage
+from assistant.ids import ordered_uuid
 from assistant.lifespan import worker_stopping
 from assistant.loop_postgres import LoopReads, loop_reads
 from assistant.models import Classroom, Conversation, Message
@@ -29,6 +31,7 @@ from assistant.services.conversations import (
     conversation_history,
     history_on_loop,
 )
+from assistant.services.table_rows import Row
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the loop's connection sees what is committed
@@ -68,13 +71,16 @@ def a_conversation(
     return conversation.pk
 
 
-def on_thread(classroom_id: uuid.UUID | None, conversation_id: uuid.UUID, limit: int) -> Any:
+def on_thread(
+    classroom_id: uuid.UUID | None, conversation_id: uuid.UUID, limit: int, held: Sequence[Row] = ()
+) -> Any:
     return run_db(
         conversation_history,
         owner_key=OWNER,
         classroom_id=classroom_id,
         conversation_id=conversation_id,
         limit=limit,
+        held=held,
     )
 
 
@@ -83,9 +89,14 @@ async def on_loop(
     conversation_id: uuid.UUID,
     limit: int,
     owner: str = OWNER,
+    held: Sequence[Row] = (),
 ) -> list[ChatMessage] | None:
     reading = history_on_loop(
-        owner_key=owner, classroom_id=classroom_id, conversation_id=conversation_id, limit=limit
+        owner_key=owner,
+        classroom_id=classroom_id,
+        conversation_id=conversation_id,
+        limit=limit,
+        held=held,
     )
     assert reading is not None
     return await reading
@@ -120,6 +131,34 @@ async def test_the_loops_history_is_the_threads(reads: LoopReads) -> None:
         "third answer **粗体**",
     ]
     assert await on_loop(None, empty, 20) == []
+
+
+async def test_both_reads_are_completed_alike_with_what_the_writer_holds(
+    reads: LoopReads,
+) -> None:
+    """Messages the group writer holds (``conversations.history_held``): one stored meanwhile
+    (in the read already), one not, one empty: the loop's read and the thread's agree at every
+    limit, each message once; another owner's read still finds nothing."""
+    conversation = await run_db(a_conversation, None, MESSAGES[:2])
+    last = await run_db(Message.objects.filter(content="first answer").get)
+
+    def held_row(key: uuid.UUID, role: str, content: str) -> Row:
+        return {"id": key, "conversation_id": conversation, "role": role, "content": content}
+
+    held = [
+        held_row(last.pk, "assistant", "first answer"),
+        held_row(ordered_uuid(), "user", "held question"),
+        held_row(ordered_uuid(), "assistant", ""),
+    ]
+    for limit in (1, 2, 3, 50):
+        expected = await on_thread(None, conversation, limit, held)
+        assert await on_loop(None, conversation, limit, held=held) == expected, limit
+    assert [m.content for m in await on_loop(None, conversation, 50, held=held) or []] == [
+        "一 first question",
+        "first answer",
+        "held question",
+    ]
+    assert await on_loop(None, conversation, 50, "session:another", held) is None
 
 
 async def test_a_conversation_not_the_askers_is_left_to_the_thread(reads: LoopReads) -> None:
