@@ -10,7 +10,10 @@ a stream slot taken; the slot is given back after. Each runs in a task of a new,
 as a server starts each request's task: what Django makes for a context of its own (a cache
 object, looked up through ``caches``) is paid as a request pays it. ``--at-once`` admissions run
 at a time. A figure is the process's CPU per admission, with what the same number of empty tasks
-cost taken off; the median over ``--rounds`` rounds, and their spread. The local profile runs on
+cost taken off; the median over ``--rounds`` rounds, and their spread; beside it, the median time
+an admission took from its start to its answer (its round trips, waited for one after another,
+and its turns of the loop). A question says what its page showed of the class, as the page does
+(``"class"``, ``"teachers_read"``). The local profile runs on
 a SQLite database and a local-memory cache of the run's own; ``--production`` on the PostgreSQL
 database of ``DATABASE_URL`` (migrated; a class and its sessions are added) and the Redis of
 ``CHATSITE_REDIS_URL``, under a key prefix of the run's own, deleted after. There the students
@@ -76,6 +79,8 @@ from assistant.services.loop_admission import page_admission_on_loop  # noqa: E4
 SESSIONS = 50
 
 Admit = Callable[[str, ChatTurn, str], Awaitable[str]]
+#: Each admission's time from its start to its answer, in seconds, in the round running.
+TOOK: list[float] = []
 
 
 async def on_the_loop(key: str, turn: ChatTurn, request_id: str) -> str:
@@ -111,7 +116,9 @@ async def admissions(
         if admit is None:
             return
         request_id = uuid.uuid4().hex
+        started = time.perf_counter()
         owner_key = await admit(keys[n % len(keys)], turns[n % len(keys)], request_id)
+        TOOK.append(time.perf_counter() - started)
         if PRODUCTION:
             await run_db(chat_release, owner_key=owner_key, request_id=request_id)
         else:
@@ -174,14 +181,14 @@ def main() -> None:
         session.save()
         keys.append(session.session_key)
     turns = [
-        _turn(_conversation(key, classroom, args.history) if args.continued else None)
+        _turn(_conversation(key, classroom, args.history) if args.continued else None, classroom)
         for key in keys
     ]
     ways: dict[str, Admit] = {"loop": on_the_loop, "thread": on_a_thread}
     if PRODUCTION:
         ways = {"loop's own clients": by_the_loops_client, "thread": on_a_thread}
         # The class read once on a thread, as a worker's first question of it is.
-        uvloop.run(on_a_thread(keys[0], _turn(None), uuid.uuid4().hex))
+        uvloop.run(on_a_thread(keys[0], _turn(None, classroom), uuid.uuid4().hex))
     try:
         _measure(args, keys, turns, ways)
     finally:
@@ -189,8 +196,12 @@ def main() -> None:
             _forget(keys, classroom)
 
 
-def _turn(conversation: uuid.UUID | None) -> ChatTurn:
-    body = {"message": "What is photosynthesis?"}
+def _turn(conversation: uuid.UUID | None, classroom: Classroom | None) -> ChatTurn:
+    body: dict[str, object] = {
+        "message": "What is photosynthesis?",
+        "class": None if classroom is None else str(classroom.pk),
+        "teachers_read": False if classroom is None else classroom.teachers_read,
+    }
     if conversation is not None:
         body["conversation"] = str(conversation)
     return chat_turn_parse(json.dumps(body).encode())
@@ -227,18 +238,22 @@ def _measure(
     args: argparse.Namespace, keys: list[str], turns: list[ChatTurn], ways: dict[str, Admit]
 ) -> None:
     print(f"Rounds: {args.rounds} of {args.admissions} admissions; us of CPU per admission")
-    print("at once | way | median (min-max)")
+    print("at once | way | median (min-max) | us an admission took, median (rounds' min-max)")
     for at_once in args.at_once:
         figures: dict[str, list[float]] = {way: [] for way in ways}
+        took: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.rounds):
             empty = round_cpu(None, keys, turns, args.admissions, at_once)
             for way, admit in ways.items():
+                TOOK.clear()
                 spent = round_cpu(admit, keys, turns, args.admissions, at_once) - empty
                 figures[way].append(spent / args.admissions * 1e6)
+                took[way].append(statistics.median(TOOK) * 1e6)
         for way, values in figures.items():
             print(
                 f"{at_once} {way} {statistics.median(values):.1f} "
-                f"({min(values):.1f}-{max(values):.1f})",
+                f"({min(values):.1f}-{max(values):.1f}) | {statistics.median(took[way]):.0f} "
+                f"({min(took[way]):.0f}-{max(took[way]):.0f})",
                 flush=True,
             )
 

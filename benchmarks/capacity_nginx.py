@@ -7,7 +7,8 @@ nginx, as it is deployed.
   per-address request rates (its students ask again the moment an answer ends, as in
   benchmarks/load.py) and the workers' caps on streams per worker and per address and on a
   session's questions a minute. Each student has a session of its own (a page load each), and
-  a class of 60 shares a loopback address, as behind a school's NAT.
+  a class of 60 shares a loopback address, as behind a school's NAT. A question says what the
+  student's page showed of their class (``"class"``, ``"teachers_read"``), as the page does.
 * the peer (``uvicorn``: uvicorn[standard] + sse-starlette; ``bare``): one process behind an
   nginx with the same main configuration and what chatsite's stream location does on the way
   (HTTP/1.1 upstream with keep-alive, no buffering, no gzip, ``tcp_nodelay``, an access log line
@@ -18,7 +19,9 @@ are the machine's own services and are not pinned: their CPU is counted with the
 """
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -37,6 +40,8 @@ from deploy.loopback_stack.processes import Supervisor
 from deploy.loopback_stack.state import Process
 
 QUESTION = b'{"message": "What is photosynthesis?"}'
+#: What the students' page shows of the class (``frontend/templates/assistant/chat.html``).
+PAGE_CLASS = re.compile(r'data-class="([^"]*)"\s+data-teachers-read="(true|false)"')
 #: The roles of the box's CPU: nginx, the servers, and the services chatsite uses.
 BOX_ROLES = ("nginx", "server", "PostgreSQL", "Redis")
 
@@ -137,6 +142,17 @@ def pin_box(box: Box, cores: set[int]) -> None:
                     os.sched_setaffinity(int(task.name), cores)
 
 
+def page_question(page: str) -> bytes:
+    """``QUESTION`` with what ``page`` (the students' page) showed of their class."""
+    shown = PAGE_CLASS.search(page)
+    if shown is None:
+        raise RuntimeError("the page does not say what it showed of the class")
+    question = json.loads(QUESTION)
+    question["class"] = shown.group(1) or None
+    question["teachers_read"] = shown.group(2) == "true"
+    return json.dumps(question).encode()
+
+
 @contextlib.contextmanager
 def chatsite_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
     """chatsite's loopback stack (see the module docstring)."""
@@ -170,7 +186,9 @@ def chatsite_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
             page = browser.get("/")
             page.raise_for_status()
             cookies = "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar)
-            return build_request(stack.port, QUESTION, cookies, page.cookies["csrftoken"])
+            return build_request(
+                stack.port, page_question(page.text), cookies, page.cookies["csrftoken"]
+            )
 
         try:
             yield Box(name=name, port=stack.port, roles=roles, database=stack.name, ask=ask)

@@ -20,7 +20,8 @@ from django.utils.translation import gettext
 from assistant import errors
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
-from assistant.loop_postgres import LoopReads, loop_reads
+from assistant.loop_postgres import Rows as LoopRows
+from assistant.loop_postgres import loop_reads
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.chat_request import _UNSTORABLE
 from assistant.services.deleted_marks import deleted_key, deleted_look
@@ -166,19 +167,28 @@ def history_on_loop(
 ) -> Coroutine[Any, Any, list[ChatMessage] | None] | None:
     """``conversation_history`` (with no ``before``) read by the event loop's own connection
     (``assistant/loop_postgres.py``), where the loop has one; None where it cannot be tried.
-    The coroutine's None: a thread must tell (no such conversation of this owner and class, to
-    be refused there; the database did not answer)."""
+    The read is queued at once, for the loop's next batch; the coroutine gives its messages,
+    and may be closed unawaited (the read is then dropped). The coroutine's None: a thread must
+    tell (no such conversation of this owner and class, to be refused there; the database did
+    not answer)."""
     reads = loop_reads()
     if reads is None:
         return None
-    return _history_read(reads, (limit, conversation_id, owner_key, classroom_id), held, limit)
+    asked = reads.rows(_history_sql(), (limit, conversation_id, owner_key, classroom_id))
+    asked.add_done_callback(_failure_taken)  # a dropped read's failure is nobody's to log
+    return _history_read(asked, held, limit)
+
+
+def _failure_taken(asked: "asyncio.Future[LoopRows]") -> None:
+    if not asked.cancelled():
+        asked.exception()
 
 
 async def _history_read(
-    reads: LoopReads, params: tuple[Any, ...], held: Sequence[Row], limit: int
+    asked: "asyncio.Future[LoopRows]", held: Sequence[Row], limit: int
 ) -> list[ChatMessage] | None:
     try:
-        rows = await reads.rows(_history_sql(), params)
+        rows = await asked
     except Exception:
         return None  # the thread's read answers (or fails) as it always has
     if not rows:

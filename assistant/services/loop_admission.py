@@ -7,8 +7,10 @@ On a thread (``services/answer_start.py: _page_admitted``) a question costs thre
 the session from Redis, the class's row from the database, the script that counts the rate and
 takes the slot; a continued conversation two more, its owner checked and its history read. Here
 a new conversation costs two, each a command in the loop's next batch: the session, then the
-script; a continued one a read in the loop's next PostgreSQL batch between them (its owner and
-history in one query). The class is this process's last read of it
+script; a continued one a read in the loop's next PostgreSQL batch as well (its owner and history
+in one query), sent beside the session's read where the page said what it showed of the class
+(``_Beside``: for the owner the session key names, in that class, the only asker admitted here;
+used once the session says so), else after it. The class is this process's last read of it
 (``classrooms.class_guess``), good only when its version is still the one Redis holds, which the
 script checks before it counts anything (``services/class_versions.py``).
 
@@ -24,6 +26,7 @@ PostgreSQL failed to answer.
 
 import uuid
 from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -37,7 +40,7 @@ from assistant.services.chat_request import ClassShown
 from assistant.services.class_versions import class_version
 from assistant.services.classrooms import ClassContext, chat_rate_for, class_shown_check
 from assistant.services.conversations import history_on_loop
-from assistant.services.identity import Identity, identity_on_loop
+from assistant.services.identity import Identity, identity_on_loop, owner_key_for
 from assistant.services.stream_slots import RedisSlots, slot_store
 from assistant.services.table_rows import Row
 
@@ -65,7 +68,27 @@ def page_admission_on_loop(
     reading = identity_on_loop(session_key)
     if reading is None:
         return None
-    return _admitted(reading, store, conversation_id, shown, request_id, held)
+    beside: _Beside | None = None
+    if conversation_id is not None and shown is not None:
+        # Its history read beside the session, for whom the session will name if the loop is
+        # to admit them: an anonymous session (its owner is its key's), of the class its page
+        # showed (checked below: the read's answer is used only for them).
+        owner_key = owner_key_for(None, session_key)
+        sent = _history(owner_key, shown[0], conversation_id, held)
+        beside = None if sent is None else _Beside(owner_key, shown[0], sent)
+    return _admitted(reading, store, conversation_id, shown, request_id, held, beside)
+
+
+@dataclass(frozen=True, slots=True)
+class _Beside:
+    """A history read sent beside the session's, and for whom."""
+
+    owner_key: str
+    classroom_id: uuid.UUID | None
+    reading: Coroutine[Any, Any, list[ChatMessage] | None]
+
+    def for_(self, identity: Identity) -> bool:
+        return (identity.owner_key, identity.classroom_id) == (self.owner_key, self.classroom_id)
 
 
 async def _admitted(
@@ -75,19 +98,28 @@ async def _admitted(
     shown: ClassShown,
     request_id: str,
     held: Sequence[Row],
+    beside: _Beside | None,
 ) -> Admitted | None:
-    identity = await reading
-    if identity is None:
-        return None
-    classroom = identity.classroom
-    if classroom is not None and (classroom.paused or not _shown(shown, classroom)):
-        return None  # the thread reads it again, and refuses if it still must
-    history: list[ChatMessage] = []
-    if conversation_id is not None:
-        found = await _history(identity, conversation_id, held)
-        if found is None:
-            return None  # the thread reads it, and refuses a conversation not theirs
-        history = found
+    try:
+        identity = await reading
+        if identity is None:
+            return None
+        classroom = identity.classroom
+        if (classroom is not None and classroom.paused) or not _shown(shown, classroom):
+            return None  # the thread reads it again, and refuses if it still must
+        history: list[ChatMessage] = []
+        if conversation_id is not None:
+            if beside is not None and beside.for_(identity):
+                asked, beside = beside.reading, None
+            else:
+                asked = _history(identity.owner_key, identity.classroom_id, conversation_id, held)
+            found = None if asked is None else await asked
+            if found is None:
+                return None  # the thread reads it, and refuses a conversation not theirs
+            history = found
+    finally:
+        if beside is not None:
+            beside.reading.close()  # not for this asker: dropped
     tried = await chat_admit_on_loop(
         store,
         owner_key=identity.owner_key,
@@ -98,20 +130,23 @@ async def _admitted(
     return None if tried is None else (identity, tried, history)
 
 
-async def _history(
-    identity: Identity, conversation_id: uuid.UUID, held: Sequence[Row]
-) -> list[ChatMessage] | None:
-    reading = history_on_loop(
-        owner_key=identity.owner_key,
-        classroom_id=identity.classroom_id,
+def _history(
+    owner_key: str,
+    classroom_id: uuid.UUID | None,
+    conversation_id: uuid.UUID,
+    held: Sequence[Row],
+) -> Coroutine[Any, Any, list[ChatMessage] | None] | None:
+    """``history_on_loop`` for the page's settings: the read is sent now."""
+    return history_on_loop(
+        owner_key=owner_key,
+        classroom_id=classroom_id,
         conversation_id=conversation_id,
         limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
         held=held,
     )
-    return None if reading is None else await reading
 
 
-def _shown(shown: ClassShown, classroom: ClassContext) -> bool:
+def _shown(shown: ClassShown, classroom: ClassContext | None) -> bool:
     try:
         class_shown_check(shown, classroom)
     except Rejected:

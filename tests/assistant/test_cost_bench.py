@@ -190,3 +190,4 @@ def test_the_admission_benchmark_prints_both_ways() -> None:
         ("4", "thread"),
     ]
     assert all(float(row[2]) > 0 for row in rows), done.stdout
+    assert all(row[4] == "|" and float(row[5]) > 0 for row in rows), done.stdout  # its time

@@ -28,6 +28,7 @@ from assistant.services.chat_request import ChatTurn
 from assistant.services.class_versions import version_stamp
 from assistant.services.classrooms import SESSION_CLASS, class_context_load
 from assistant.services.conversations import ConversationNotFound
+from assistant.services.identity import Identity, owner_key_for
 from assistant.services.loop_admission import page_admission_on_loop
 from assistant.services.stream_slots import CLASS_GONE, RedisSlots
 from tests.support import REDIS_URL, thread_trips
@@ -192,8 +193,6 @@ async def test_a_read_older_than_a_change_never_replaces_its_version(
 
 
 def _identity(session_key: str, context: Any) -> Any:
-    from assistant.services.identity import Identity, owner_key_for
-
     return Identity(owner_key=owner_key_for(None, session_key), classroom=context)
 
 
@@ -296,6 +295,59 @@ async def test_a_continued_conversation_is_admitted_by_the_loop_on_postgresql(
     assert hops == ([] if POSTGRES else ["_page_admitted"])
     assert holders(slots, first.owner_key) == ("r2",)
     assert rate_counts(raw, redis_prefix) == 3
+
+
+@pytest.mark.skipif(not POSTGRES, reason="the loop reads a history on PostgreSQL only")
+async def test_a_follow_ups_history_is_read_while_its_session_is(
+    slots: RedisSlots, server_loop: None, hops: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page says what it showed of the class: the history of the conversation, for the
+    owner its session key names in that class, is sent before the session's answer comes
+    (here held back), not after it, and is the admission's."""
+    key = await run_db(a_session)
+    owner_key = owner_key_for(None, key)
+    conversation = await run_db(a_conversation_of, owner_key, None)
+    session_read, history_sent = asyncio.Event(), asyncio.Event()
+    send_commands, send_reads = loop_redis.LoopCommands._send, loop_postgres.LoopReads._send
+
+    async def held_back(commands: loop_redis.LoopCommands, batch: list[Any]) -> list[Any]:
+        await session_read.wait()
+        return await send_commands(commands, batch)
+
+    async def told(reads: loop_postgres.LoopReads, batch: list[Any]) -> list[Any]:
+        history_sent.set()
+        return await send_reads(reads, batch)
+
+    monkeypatch.setattr(loop_redis.LoopCommands, "_send", held_back)
+    monkeypatch.setattr(loop_postgres.LoopReads, "_send", told)
+    asked = ChatTurn(message="hi", conversation_id=conversation, shown=(None, False))
+    admitted = admission(key, asked, "r1")
+    await asyncio.wait_for(history_sent.wait(), 5)
+    assert not admitted.done()  # the session's read is still on its way
+    session_read.set()
+    identity, slot, history = await admitted
+    assert (identity.owner_key, slot.taken) == (owner_key, True)
+    assert [m.content for m in history] == ["What is a leaf?", "A leaf makes sugar."]
+    reads = loop_reads()
+    assert reads is not None and (hops, reads.reads) == ([], 1)
+
+
+@pytest.mark.parametrize("continued", [False, True])
+async def test_a_page_showing_a_class_the_student_has_left_is_refused_by_the_thread(
+    slots: RedisSlots, server_loop: None, hops: list[str], continued: bool
+) -> None:
+    """A session in no class, whose page still showed one: the loop admits nothing (a history
+    read beside the session is dropped), and the thread refuses it (409 ``class_changed``)."""
+    classroom = await run_db(Classroom.objects.create, name="7B", join_code="LOOPLF")
+    key = await run_db(a_session)
+    mine = await run_db(a_conversation_of, owner_key_for(None, key), None)
+    asked = ChatTurn(
+        message="hi", conversation_id=mine if continued else None, shown=(classroom.pk, False)
+    )
+    with pytest.raises(Rejected) as refused:
+        await admission(key, asked, "r1")
+    assert refused.value.error is errors.CLASS_CHANGED
+    assert hops == ["_page_admitted"]
 
 
 async def test_a_conversation_not_the_askers_is_refused_by_the_thread(
