@@ -18,6 +18,7 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from assistant import internals
 from assistant.busy import busy_response
+from assistant.services.background import failure_taken
 from assistant.services.page_line import PageLine, page_line, site_busy
 
 type GetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
@@ -93,7 +94,6 @@ class PageLineMiddleware:
 def _turn_end(line: PageLine) -> Callable[["asyncio.Future[HttpResponseBase]"], None]:
     def end(work: "asyncio.Future[HttpResponseBase]") -> None:
         line.leave()
-        if not work.cancelled():
-            work.exception()  # retrieved: a request whose client left has nobody to raise to
+        failure_taken(work)  # a request whose client left has nobody to raise to
 
     return end

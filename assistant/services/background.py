@@ -53,6 +53,13 @@ async def drain(within_s: float) -> int:
     return len(pending)
 
 
+def failure_taken(done: "asyncio.Future[Any]") -> None:
+    """A done callback for a future nobody awaits: its exception, if any, is retrieved, so
+    asyncio does not log it as never retrieved. Whoever failed logs and counts it."""
+    if not done.cancelled():
+        done.exception()
+
+
 def _finished(task: asyncio.Task[Any]) -> None:
     _tasks.discard(task)
     _adopted.discard(task)

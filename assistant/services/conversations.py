@@ -23,6 +23,7 @@ from assistant.errors import Rejected
 from assistant.loop_postgres import Rows as LoopRows
 from assistant.loop_postgres import loop_reads
 from assistant.models import Conversation, Message, StreamRecord
+from assistant.services.background import failure_taken
 from assistant.services.chat_request import _UNSTORABLE
 from assistant.services.deleted_marks import deleted_key, deleted_look
 from assistant.services.persistence import (
@@ -175,13 +176,8 @@ def history_on_loop(
     if reads is None:
         return None
     asked = reads.rows(_history_sql(), (limit, conversation_id, owner_key, classroom_id))
-    asked.add_done_callback(_failure_taken)  # a dropped read's failure is nobody's to log
+    asked.add_done_callback(failure_taken)  # a dropped read's failure is nobody's to log
     return _history_read(asked, held, limit)
-
-
-def _failure_taken(asked: "asyncio.Future[LoopRows]") -> None:
-    if not asked.cancelled():
-        asked.exception()
 
 
 async def _history_read(

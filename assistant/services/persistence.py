@@ -45,6 +45,7 @@ from assistant.db import run_db_write
 from assistant.ids import ordered_uuid
 from assistant.models import Classroom, Conversation, Message, StreamRecord
 from assistant.services.answer_registry import answers_running_count
+from assistant.services.background import failure_taken
 from assistant.services.batch_statement import (
     Tables,
     batch_statement,
@@ -412,9 +413,4 @@ def rows_hand_over(rows: Rows) -> None:
     for all the same: a question's, which its answer's store (held until done, and waited for
     at shutdown) follows through the same writer, in order. A failure is the writer's to log
     and count (``GroupWriter._flush``); it is only taken out of the future here."""
-    rows_submit(rows).add_done_callback(_failure_taken)
-
-
-def _failure_taken(done: asyncio.Future[None]) -> None:
-    if not done.cancelled():
-        done.exception()  # retrieved: asyncio would log it again
+    rows_submit(rows).add_done_callback(failure_taken)
