@@ -9,7 +9,9 @@ try for a stream slot (``services/loop_admission.py``), and every answer's give-
 before its last frame (``services/stream_slots.py``), are sent from here.
 
 The commands go in batches (``LoopCommands``, ``assistant/loop_batches.py``): those asked for
-while a batch is on its way go together in the next, one pipeline and one round trip. On a busy
+while a batch is on its way go together in the next, written at once: one round trip, on a
+connection of the loop's own that speaks Redis's protocol and no more (``assistant/loop_resp.py``;
+redis-py's pipeline cost several times its CPU). On a busy
 loop a reply waits for the loop's turn however fast Redis is, so commands sent one by one on a
 few connections would queue for a connection (at a thousand students, their give-backs waited
 seconds); a batch takes whatever waits, on one connection, and the busier the loop the more each
@@ -30,19 +32,19 @@ uvicorn it was 21 and 16 ms; docs/performance.md).
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from assistant.loop_batches import LoopBatches
+from assistant.loop_resp import RespConnection, resp_connect
 
-if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
-#: Connections the loop's client keeps: one batch is on its way at a time.
-CONNECTIONS = 1
 #: What its connections are called in Redis's ``CLIENT LIST``, before the worker's process id.
 LOOP_CLIENT_NAME = "chatsite-loop"
 #: How long a stopping worker waits for the batch on its way before it closes the connection.
 CLOSE_WAIT_S = 2.0
+#: How long a batch may take, the connection opened included, before its commands fail (and the
+#: connection is opened again for the next): a Redis that stopped answering holds no question
+#: longer than this (the callers then go to a thread, or log it).
+BATCH_TIMEOUT_S = 3.0
 
 
 class _LoopClients:
@@ -65,30 +67,59 @@ def loop_redis_allow() -> None:
 
 
 class LoopCommands(LoopBatches[tuple[Any, ...], Any]):
-    """Commands to one Redis from the event loop, sent in batches (``LoopBatches``): ``send``
-    queues one; those queued while a batch is on its way go in the next, one pipeline (one
-    round trip)."""
+    """Commands to one Redis from the event loop, sent in batches (``LoopBatches``) on one
+    connection (``assistant/loop_resp.py``): ``send`` queues one; those queued while a batch is
+    on its way go in the next, written at once (one round trip)."""
 
-    def __init__(self, client: "Redis") -> None:
+    def __init__(self, url: str) -> None:
         super().__init__()
-        self.client = client
+        self.url = url
+        self._connection: RespConnection | None = None
+        #: Batches sent, and commands in them (what a test or a benchmark reads).
+        self.batches = 0
+        self.commands = 0
 
     def send(self, *command: Any) -> "asyncio.Future[Any]":
         """Queue ``command`` (``"ZREM", key, member``); its reply, or the error Redis or the
         connection gave, comes in the future."""
         return self.ask(command)
 
+    @property
+    def connected(self) -> bool:
+        """Whether its connection is open (kept between batches)."""
+        return self._connection is not None and self._connection.usable
+
     async def _send(self, batch: list[tuple[Any, ...]]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for command in batch:
-                pipe.execute_command(*command)
-            return await pipe.execute(raise_on_error=False)
+        try:
+            async with asyncio.timeout(BATCH_TIMEOUT_S):
+                connection = await self._connected()
+                self.batches += 1
+                self.commands += len(batch)
+                return await connection.batch(batch)
+        except BaseException:  # the connection: opened again for the next batch
+            self._drop()
+            raise
+
+    async def _connected(self) -> RespConnection:
+        connection = self._connection
+        if connection is None or not connection.usable:
+            name = f"{LOOP_CLIENT_NAME}-{os.getpid()}"
+            connection = self._connection = await resp_connect(self.url, name=name)
+        return connection
+
+    def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
 
     async def close(self) -> None:
         """Wait for the batch on its way, if any (at most ``CLOSE_WAIT_S``: a Redis that does
         not answer does not hold the worker up), then close the connection."""
         await self._sent(CLOSE_WAIT_S)
-        await self.client.aclose()
+        connection = self._connection
+        self._drop()
+        if connection is not None:
+            await connection.closed(CLOSE_WAIT_S)
 
 
 def loop_may_have_clients() -> bool:
@@ -112,13 +143,7 @@ def loop_redis_commands(url: str) -> LoopCommands | None:
     state = _state
     commands = state.clients.get(url)
     if commands is None:
-        from redis.asyncio import BlockingConnectionPool, Redis
-
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=CONNECTIONS, client_name=f"{LOOP_CLIENT_NAME}-{os.getpid()}"
-        )
-        client = Redis.from_pool(pool)  # closing it closes the pool
-        commands = state.clients[url] = LoopCommands(client)
+        commands = state.clients[url] = LoopCommands(url)
     return commands
 
 

@@ -62,6 +62,7 @@ async def server_loop(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
     loop_redis.loop_redis_allow()
     yield
     await loop_postgres.loop_postgres_close()
+    await loop_redis.loop_redis_close()
 
 
 @pytest.fixture
