@@ -32,7 +32,26 @@ class LoopBatches[Asked, Found]:
 
     async def _send(self, batch: list[Asked]) -> Sequence[Found | Exception]:
         """One batch's answers, one per request (an ``Exception`` for a request that failed on
-        its own); raises when the whole batch failed (the connection)."""
+        its own), within ``_within_s`` seconds, its connection opened included; raises when
+        the whole batch failed (the connection, or the time), and the connection is dropped, to
+        be opened again for the next batch."""
+        try:
+            async with asyncio.timeout(self._within_s()):
+                return await self._round_trip(batch)
+        except BaseException:
+            await self._drop()
+            raise
+
+    def _within_s(self) -> float:
+        """How long a batch may take: a server that stopped answering holds nobody longer."""
+        raise NotImplementedError
+
+    async def _round_trip(self, batch: list[Asked]) -> Sequence[Found | Exception]:
+        """One batch sent and answered, on the connection (opened first if need be)."""
+        raise NotImplementedError
+
+    async def _drop(self) -> None:
+        """Close the connection, if one is open; the next batch opens another."""
         raise NotImplementedError
 
     async def _batches(self) -> None:

@@ -63,15 +63,10 @@ class LoopReads(LoopBatches[tuple[str, Sequence[Any]], Rows]):
         server or the connection gave, come in the future."""
         return self.ask((sql, params))
 
-    async def _send(self, batch: list[tuple[str, Sequence[Any]]]) -> list[Rows]:
-        try:
-            async with asyncio.timeout(BATCH_TIMEOUT_S):
-                return await self._pipeline(batch)
-        except Exception:  # the connection: opened again for the next batch
-            await self._drop()
-            raise
+    def _within_s(self) -> float:
+        return BATCH_TIMEOUT_S
 
-    async def _pipeline(self, batch: list[tuple[str, Sequence[Any]]]) -> list[Rows]:
+    async def _round_trip(self, batch: list[tuple[str, Sequence[Any]]]) -> list[Rows]:
         connection = await self._connected()
         self.batches += 1
         self.reads += len(batch)

@@ -89,16 +89,14 @@ class LoopCommands(LoopBatches[tuple[Any, ...], Any]):
         """Whether its connection is open (kept between batches)."""
         return self._connection is not None and self._connection.usable
 
-    async def _send(self, batch: list[tuple[Any, ...]]) -> list[Any]:
-        try:
-            async with asyncio.timeout(BATCH_TIMEOUT_S):
-                connection = await self._connected()
-                self.batches += 1
-                self.commands += len(batch)
-                return await connection.batch(batch)
-        except BaseException:  # the connection: opened again for the next batch
-            self._drop()
-            raise
+    def _within_s(self) -> float:
+        return BATCH_TIMEOUT_S
+
+    async def _round_trip(self, batch: list[tuple[Any, ...]]) -> list[Any]:
+        connection = await self._connected()
+        self.batches += 1
+        self.commands += len(batch)
+        return await connection.batch(batch)
 
     async def _connected(self) -> RespConnection:
         connection = self._connection
@@ -107,7 +105,7 @@ class LoopCommands(LoopBatches[tuple[Any, ...], Any]):
             connection = self._connection = await resp_connect(self.url, name=name)
         return connection
 
-    def _drop(self) -> None:
+    async def _drop(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
@@ -117,7 +115,7 @@ class LoopCommands(LoopBatches[tuple[Any, ...], Any]):
         not answer does not hold the worker up), then close the connection."""
         await self._sent(CLOSE_WAIT_S)
         connection = self._connection
-        self._drop()
+        await self._drop()
         if connection is not None:
             await connection.closed(CLOSE_WAIT_S)
 
