@@ -106,7 +106,10 @@ async def test_a_connection_redis_closes_is_opened_again_for_the_next_batch(
     commands = loop_redis.LoopCommands(REDIS_URL)
     assert await commands.send("PING") == b"PONG"
     kill_loop_client()  # between batches (a restart, an idle timeout): the next is not lost
-    await asyncio.sleep(0.2)
+    for _ in range(1000):  # until the loop reads the socket's end, at most 10 s
+        if not commands.connected:
+            break
+        await asyncio.sleep(0.01)
     assert not commands.connected
     assert await commands.send("PING") == b"PONG"
 
