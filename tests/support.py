@@ -80,6 +80,14 @@ def start_daphne(
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def redis_clients_named(name: str) -> list[dict[str, str]]:
+    """The connections Redis's ``CLIENT LIST`` shows under the client name ``name``."""
+    import redis
+
+    with redis.Redis.from_url(REDIS_URL) as admin:
+        return [c for c in admin.client_list() if c["name"] == name]
+
+
 class StubReactor:
     """Enough of a Twisted reactor for descriptors that are never really polled (none is
     installed)."""

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError, InvalidResponse, ResponseError
 
 from assistant import loop_redis
 from assistant.loop_resp import resp_connect
-from tests.support import REDIS_URL
+from tests.support import REDIS_URL, redis_clients_named
 
 NAME = f"chatsite-loop-test-{os.getpid()}"
 
@@ -27,11 +27,6 @@ def key() -> Iterator[str]:
     for database in (0, 7):
         with redis.Redis.from_url(f"redis://127.0.0.1:6379/{database}") as client:
             client.delete(name, f"{name}:list")
-
-
-def named(name: str) -> list[dict]:
-    with redis.Redis.from_url(REDIS_URL) as client:
-        return [c for c in client.client_list() if c["name"] == name]
 
 
 async def test_a_batch_gives_each_reply_in_its_place(key: str) -> None:
@@ -59,7 +54,7 @@ async def test_a_batch_gives_each_reply_in_its_place(key: str) -> None:
 
 async def test_the_url_names_the_database_and_the_connection_its_client(key: str) -> None:
     connection = await resp_connect("redis://127.0.0.1:6379/7", name=NAME)
-    assert [c["db"] for c in named(NAME)] == ["7"]
+    assert [c["db"] for c in redis_clients_named(NAME)] == ["7"]
     assert await connection.batch([("SET", key, "in 7")]) == [b"OK"]
     connection.close()
     await connection.closed(5)
@@ -93,7 +88,7 @@ async def test_a_user_and_password_in_the_url_log_in(redis_user: tuple[str, str]
 
 
 def kill_loop_client() -> None:
-    [client] = named(f"{loop_redis.LOOP_CLIENT_NAME}-{os.getpid()}")
+    [client] = redis_clients_named(f"{loop_redis.LOOP_CLIENT_NAME}-{os.getpid()}")
     with redis.Redis.from_url(REDIS_URL) as other:
         other.client_kill_filter(_id=client["id"])
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from assistant.loop_redis import LOOP_CLIENT_NAME
 from assistant.models import StreamRecord
-from tests.support import REDIS_URL, ChatClient, wait_for
+from tests.support import REDIS_URL, ChatClient, redis_clients_named, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,12 +104,7 @@ def test_answers_give_their_slots_back_from_uvicorns_event_loop(
             assert events[-1].event == "done", events[-3:]
     finally:
         client.close()
-    admin = redis.Redis.from_url(REDIS_URL)
-    try:
-        name = f"{LOOP_CLIENT_NAME}-{worker.process.pid}"
-        mine = [c for c in admin.client_list() if c["name"] == name]
-    finally:
-        admin.close()
+    mine = redis_clients_named(f"{LOOP_CLIENT_NAME}-{worker.process.pid}")
     # Its one connection's last command gave a slot back.
     assert [c["cmd"] for c in mine] == loop_commands, mine
 
@@ -171,12 +166,8 @@ def test_new_questions_are_admitted_by_uvicorns_event_loop(
     finally:
         seen = monitor.stop() if monitor is not None else []
         client.close()
-    admin = redis.Redis.from_url(REDIS_URL)
-    try:
-        name = f"{LOOP_CLIENT_NAME}-{worker.process.pid}"
-        loop_addresses = {c["addr"] for c in admin.client_list() if c["name"] == name}
-    finally:
-        admin.close()
+    named = redis_clients_named(f"{LOOP_CLIENT_NAME}-{worker.process.pid}")
+    loop_addresses = {c["addr"] for c in named}
     takes = [
         address
         for address, words in seen

@@ -14,7 +14,7 @@ from assistant import loop_redis
 from assistant.services import admission
 from assistant.services.admission import chat_admit, chat_slot_release
 from assistant.services.stream_slots import RedisSlots, slot_store
-from tests.support import REDIS_URL, thread_trips
+from tests.support import REDIS_URL, redis_clients_named, thread_trips
 
 OWNER = "session:loop-redis"
 
@@ -30,11 +30,7 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def loop_clients() -> int:
     """How many connections the loop's client has open, as Redis's ``CLIENT LIST`` names them."""
-    import redis
-
-    name = f"{loop_redis.LOOP_CLIENT_NAME}-{os.getpid()}"
-    with redis.Redis.from_url(REDIS_URL) as client:
-        return sum(c["name"] == name for c in client.client_list())
+    return len(redis_clients_named(f"{loop_redis.LOOP_CLIENT_NAME}-{os.getpid()}"))
 
 
 async def loop_clients_become(count: int) -> bool:
