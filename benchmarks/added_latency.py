@@ -27,12 +27,13 @@ Beside each figure: the server process's CPU time per answer over the measured r
 system, from ``/proc/<pid>/stat``).
 
 Usage: python benchmarks/added_latency.py [--requests 200] [--concurrency 1 50] [--ttft-ms 100]
-       [--servers ...] [--chatsite-root DIR] [--profile DIR]
+       [--servers ...] [--chatsite-root DIR] [--profile DIR] [--profiler py-spy|perf]
 ``--profile DIR`` also samples each server during each measured run with py-spy (``pip install
 -e ".[bench]"``; 1,000 samples a second of the thread holding the GIL, without pausing the
-server), writes its raw stacks to DIR and prints the top of each profile
-(assistant/benchmarking/profile.py). The sampling costs the machine some CPU: take the latency
-and CPU figures from a run without it.
+server), or with Linux's perf (``--profiler perf``: every thread, only while on a CPU;
+assistant/benchmarking/sampling.py), writes its raw stacks to DIR and prints the top of each
+profile (assistant/benchmarking/profile.py). The sampling costs the machine some CPU: take the
+latency and CPU figures from a run without it.
 ``--chatsite-root`` runs the chatsite servers from another checkout of the project (its own
 code, this client), so two versions are measured the same way: alternate the two in one
 session to compare them. Client and servers share the machine's cores, as in a single-host
@@ -43,7 +44,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +56,12 @@ sys.path.insert(0, str(ROOT))
 
 from assistant.benchmarking import SSEParser, percentile  # noqa: E402
 from assistant.benchmarking.ports import accepts, free_port  # noqa: E402
-from assistant.benchmarking.profile import area_rows, profile_read, profile_top  # noqa: E402
+from assistant.benchmarking.sampling import (  # noqa: E402
+    PERF_ENV,
+    PROFILERS,
+    sampler_show,
+    sampler_start,
+)
 from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
 from assistant.modelhost.supervisor import die_with_parent  # noqa: E402
 
@@ -337,42 +342,6 @@ def page_request(
     return server.port, build_request(server.port, body, cookies, token, path)
 
 
-Spy = tuple[subprocess.Popen, Path]
-
-
-def profile_start(folder: Path | None, pid: int, label: str) -> Spy | None:
-    """py-spy sampling process ``pid`` into ``folder``/``label``.txt, if profiling."""
-    if folder is None:
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"{label}.txt"
-    # --gil: only the thread holding the GIL, so only the server's Python work is sampled,
-    # not threads or an event loop waiting.
-    command = ["py-spy", "record", "--pid", str(pid), "--rate", "1000", "--nonblocking", "--gil"]
-    spy = subprocess.Popen([*command, "--format", "raw", "-o", str(out)], stderr=subprocess.PIPE)
-    time.sleep(1)  # attached before the first request
-    return spy, out
-
-
-def profile_show(started: Spy | None) -> None:
-    """Stop py-spy and print the top of its profile."""
-    if started is None:
-        return
-    spy, out = started
-    spy.send_signal(signal.SIGINT)
-    _, errors = spy.communicate(timeout=60)
-    if not out.exists():
-        raise RuntimeError(f"py-spy wrote no profile: {errors.decode(errors='replace')}")
-    profile = profile_read(out)
-    print(f"\n{out.name}: {profile.samples} samples of the server's Python work (1,000 a second)")
-    print("\n| whose code ran | share |\n| --- | --- |")
-    print("\n".join(area_rows(profile, limit=15)))
-    print("\n| chatsite's function | on the stack | innermost |\n| --- | --- | --- |")
-    print("\n".join(profile_top(profile, limit=25, own_only=True)))
-    print("\n| any function | on the stack | innermost |\n| --- | --- | --- |")
-    print("\n".join(profile_top(profile, limit=25)) + "\n", flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -408,8 +377,11 @@ def main() -> None:
         "and refuses nothing)",
     )
     parser.add_argument("--json", help="write the rows to this file")
-    parser.add_argument("--profile", type=Path, help="sample the servers with py-spy, into DIR")
+    parser.add_argument("--profile", type=Path, help="sample the servers, into DIR")
+    parser.add_argument("--profiler", choices=PROFILERS, default="py-spy")
     args = parser.parse_args()
+    if args.profile and args.profiler == "perf":
+        os.environ.update(PERF_ENV)  # the servers' (set before any starts)
 
     rows = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -452,12 +424,13 @@ def main() -> None:
                 asyncio.run(run_load(port, request, 10, 1))  # warm up
                 for concurrency in args.concurrency:
                     pid = (process or server.process).pid
-                    spy = profile_start(args.profile, pid, f"{name}-c{concurrency}")
+                    label = f"{name}-c{concurrency}"
+                    sampler = sampler_start(args.profile, pid, label, args.profiler)
                     cpu_before = cpu_seconds(pid)
                     samples = asyncio.run(run_load(port, request, args.requests, concurrency))
                     cpu_s = cpu_seconds(pid) - cpu_before
                     rows.append(report(name, concurrency, samples, args.ttft_ms, cpu_s))
-                    profile_show(spy)
+                    sampler_show(sampler)
             finally:
                 if process is not None:
                     process.terminate()

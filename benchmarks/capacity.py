@@ -33,9 +33,10 @@ so neither takes CPU from the other; both CPU figures are printed (a share of on
 (its history read with each), then begins another; a server that names no conversation (the
 peer) is asked new questions only.
 
-``--profile DIR`` samples the server during each level with py-spy (as in
-benchmarks/added_latency.py; py-spy runs on the load generator's core) and prints the top of
-each profile (through nginx, the first worker). The sampling costs CPU: take the capacities from
+``--profile DIR`` samples the server during each level with py-spy, or with Linux's perf
+(``--profiler perf``: every thread, only while on a CPU; as in benchmarks/added_latency.py; the
+sampler runs on the load generator's core) and prints the top of each profile (through nginx,
+the first worker). The sampling costs CPU: take the capacities from
 runs without it.
 """
 
@@ -62,6 +63,12 @@ from assistant.benchmarking.capacity import (  # noqa: E402
     level_figures,
     next_level,
 )
+from assistant.benchmarking.sampling import (  # noqa: E402
+    PERF_ENV,
+    PROFILERS,
+    sampler_show,
+    sampler_start,
+)
 from assistant.benchmarking.servers import BENCHMARK_ENV, LiveServer, start_daphne  # noqa: E402
 from benchmarks.added_latency import (  # noqa: E402
     build_request,
@@ -69,8 +76,6 @@ from benchmarks.added_latency import (  # noqa: E402
     database_migrate,
     page_request,
     peer_start,
-    profile_show,
-    profile_start,
 )
 from benchmarks.capacity_nginx import Box, BoxClock, box_start, pin_box  # noqa: E402
 from benchmarks.load import class_address, raise_open_files  # noqa: E402
@@ -182,9 +187,9 @@ def measure(
 def measure_direct(
     name: str, port: int, pid: int, request: bytes, students: int, *, args: argparse.Namespace
 ) -> Level:
-    spy = profile_start(args.profile, pid, f"{name}-{students}")
+    sampler = sampler_start(args.profile, pid, f"{name}-{students}", args.profiler)
     level = measure(port, request, students, args=args, clock=PidClock(pid))
-    profile_show(spy)
+    sampler_show(sampler)
     return level
 
 
@@ -239,10 +244,11 @@ def main() -> None:
         help="questions each student asks in the conversation they began, then starts another",
     )
     parser.add_argument("--json", type=Path, help="write every level's figures here")
-    parser.add_argument(
-        "--profile", type=Path, help="sample the server at each level with py-spy, into DIR"
-    )
+    parser.add_argument("--profile", type=Path, help="sample the server at each level, into DIR")
+    parser.add_argument("--profiler", choices=PROFILERS, default="py-spy")
     args = parser.parse_args()
+    if args.profile and args.profiler == "perf":
+        os.environ.update(PERF_ENV)  # the servers' (set before any starts)
 
     raise_open_files()
     pinned = len(os.sched_getaffinity(0)) >= 2
@@ -311,9 +317,9 @@ def measure_box(box: Box, args: argparse.Namespace, students: int) -> Level:
         box.warm = True
     clock = BoxClock(box)
     worker = min(pid for pid, role in box.roles.items() if role == "server")
-    spy = profile_start(args.profile, worker, f"{box.name}-{students}")
+    sampler = sampler_start(args.profile, worker, f"{box.name}-{students}", args.profiler)
     level = measure(box.port, requests, students, args=args, clock=clock, source=class_address)
-    profile_show(spy)
+    sampler_show(sampler)
     spent = ", ".join(f"{role} {seconds:.1f}" for role, seconds in clock.spent.items())
     print(f"  box CPU s, the level below: {spent}", flush=True)
     return level

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from assistant.benchmarking.ports import free_port
+from assistant.benchmarking.sampling import PERF_ENV
 from benchmarks.added_latency import build_request, peer_start
 from benchmarks.load import CROWD_RATES, Meter
 from deploy.loopback_stack import LoopbackStack
@@ -164,6 +165,8 @@ def chatsite_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
         "CHATSITE_STREAMS_PER_ADDRESS": "0",
         "CHATSITE_CHAT_RATE": "100000000",
         "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
+        # What a sampler needs of the workers (the environment file is all they read).
+        **{name: value for name, value in os.environ.items() if name in PERF_ENV},
     }
     server = "uvicorn" if name == "chatsite-uvicorn" else "daphne"
     with LoopbackStack(

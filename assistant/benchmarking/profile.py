@@ -28,7 +28,8 @@ LIBRARIES = (
     "twisted", "daphne", "django", "channels", "asgiref", "autobahn", "prometheus_client",
     "django_prometheus", "psycopg", "psycopg_pool", "redis", "channels_redis", "whitenoise",
     "asyncio", "json", "sqlite3", "logging", "concurrent", "threading", "selectors", "socket",
-    "ssl", "http", "email", "urllib", "uuid", "zoneinfo", "datetime",
+    "ssl", "http", "email", "urllib", "uuid", "zoneinfo", "datetime", "uvicorn", "uvloop",
+    "httptools", "hiredis", "starlette", "sse_starlette", "anyio", "_json",
 )  # fmt: skip
 
 
@@ -52,12 +53,13 @@ class Frame:
         """chatsite's module for its own code, else the library, else "other"."""
         path = self.file.replace("\\", "/")
         if self.own:
-            start = min(i for i in (path.find(part) for part in OWN) if i >= 0)
+            start = max(path.rfind(part) for part in OWN)  # under a checkout named chatsite too
             return path[start:]
         tail = path.rsplit("site-packages/", 1)[-1]
         if "/lib/python3" in tail:  # the standard library: after lib/python3.N/
             tail = tail.split("/lib/python3", 1)[1].split("/", 1)[-1]
-        first = tail.split("/", 1)[0].removesuffix(".py")
+        first = tail.removeprefix("lib-dynload/").split("/", 1)[0].removesuffix(".py")
+        first = first.split(".cpython-", 1)[0]  # a C module: _json.cpython-312-...so
         return first if first in LIBRARIES else "other"
 
 
