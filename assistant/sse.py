@@ -7,6 +7,7 @@ is split into several ``data:`` lines, which a conforming parser joins back with
 
 import json
 import re
+from json.encoder import encode_basestring
 from typing import Any
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -48,6 +49,9 @@ def encode_event(
 
 #: Compact JSON, made once: ``json.dumps`` with options builds a new encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+#: A string as ``_JSON`` encodes one (its ``encode`` calls this for a string), without the call
+#: through ``encode``: once for every token.
+_json_string = encode_basestring
 
 
 def encode_json_event(payload: Any, *, event: str | None = None, id: str | None = None) -> bytes:
@@ -60,7 +64,7 @@ def encode_token_event(text: str, token_id: int) -> bytes:
     """``encode_json_event({"text": text}, event="token", id=str(token_id))``, byte for byte, as
     one format string: the frame every token of an answer is sent in (an integer id has no
     line break or NUL to check)."""
-    return f'id: {token_id}\nevent: token\ndata: {{"text":{_JSON.encode(text)}}}\n\n'.encode()
+    return f'id: {token_id}\nevent: token\ndata: {{"text":{_json_string(text)}}}\n\n'.encode()
 
 
 def encode_comment(text: str = "") -> bytes:

@@ -171,3 +171,21 @@ def test_a_message_of_a_missing_conversation_is_refused_with_its_batch() -> None
     with pytest.raises(IntegrityError):
         rows_write([*exchange("r-with-orphan"), Rows(messages=[row_of(orphan)])])
     assert not Message.objects.exists() and not StreamRecord.objects.exists()
+
+
+def test_each_batch_names_the_columns_its_rows_give() -> None:
+    """A record that gives its auto id is inserted with it, one that does not without it, in
+    whichever order batches come (their INSERT's columns are made once for each)."""
+
+    def columns(tables: statements.Tables) -> str:
+        made = statements.batch_statement(tables, connection)
+        assert made is not None
+        return made[0].split(" VALUES ")[0]
+
+    given = statements.Tables(records=[record("r-given", id=987_654_321)])
+    left = statements.Tables(records=[record("r-left")])
+    pk = connection.ops.quote_name(StreamRecord._meta.pk.column)
+    assert pk not in columns(left)
+    assert pk in columns(given)
+    assert pk not in columns(left)
+    assert columns(given).count(pk) == 1
