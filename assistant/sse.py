@@ -49,9 +49,6 @@ def encode_event(
 
 #: Compact JSON, made once: ``json.dumps`` with options builds a new encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-#: A string as ``_JSON`` encodes one (its ``encode`` calls this for a string), without the call
-#: through ``encode``: once for every token.
-_json_string = encode_basestring
 
 
 def encode_json_event(payload: Any, *, event: str | None = None, id: str | None = None) -> bytes:
@@ -63,8 +60,9 @@ def encode_json_event(payload: Any, *, event: str | None = None, id: str | None 
 def encode_token_event(text: str, token_id: int) -> bytes:
     """``encode_json_event({"text": text}, event="token", id=str(token_id))``, byte for byte, as
     one format string: the frame every token of an answer is sent in (an integer id has no
-    line break or NUL to check)."""
-    return f'id: {token_id}\nevent: token\ndata: {{"text":{_json_string(text)}}}\n\n'.encode()
+    line break or NUL to check). The text goes straight to the C encoder ``_JSON.encode`` calls
+    for a string, without the call through it: once for every token."""
+    return f'id: {token_id}\nevent: token\ndata: {{"text":{encode_basestring(text)}}}\n\n'.encode()
 
 
 def encode_comment(text: str = "") -> bytes:

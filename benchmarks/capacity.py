@@ -36,8 +36,7 @@ peer) is asked new questions only.
 ``--profile DIR`` samples the server during each level with py-spy, or with Linux's perf
 (``--profiler perf``: every thread, only while on a CPU; as in benchmarks/added_latency.py; the
 sampler runs on the load generator's core) and prints the top of each profile (through nginx,
-the first worker). The sampling costs CPU: take the capacities from
-runs without it.
+the first worker). The sampling costs CPU: take the capacities from runs without it.
 """
 
 import argparse

@@ -78,6 +78,8 @@ def sampler_stop(sampler: Sampler) -> Path:
             text=True,
             timeout=600,
         )
+        if script.returncode:
+            raise RuntimeError(f"perf script failed: {script.stderr}")
         folded = perf_fold(script.stdout.splitlines(), sampler.pid)
         sampler.out.write_text("".join(f"{stack} {count}\n" for stack, count in folded.items()))
     if not sampler.out.exists() or not sampler.out.stat().st_size:
