@@ -22,6 +22,7 @@ ARGS = argparse.Namespace(
     warmup_s=0.2,
     measure_s=1.0,
     profile=None,
+    profiler="py-spy",
     follow_ups=1,
 )
 
