@@ -93,6 +93,21 @@ def _site_language_after_each_test() -> Iterator[None]:
 
 
 @pytest.fixture
+def rate_clock_held(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The rate limits' clock (``ratelimit.rate_window``'s, in this process) held at the time
+    the test starts, so that requests counted up to a per-minute limit all fall in one window:
+    a fixed window's count starts again when its minute turns, and a slow run's requests would
+    straddle it. The held time."""
+    from types import SimpleNamespace
+
+    from assistant.services import ratelimit
+
+    held = time.time()
+    monkeypatch.setattr(ratelimit, "time", SimpleNamespace(time=lambda: held))
+    return held
+
+
+@pytest.fixture
 def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     """A connected loopback TCP pair: (the server's end, the client's end)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:

@@ -15,6 +15,7 @@ innermost frame.
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,11 @@ def frame_parse(text: str) -> Frame:
     if found is None:
         return Frame(text.strip(), "")
     return Frame(found["function"], found["file"])
+
+
+def raw_write(stacks: Mapping[str, int], path: Path) -> None:
+    """Write ``stacks`` (each stack's sample count) at ``path`` as py-spy's raw output."""
+    path.write_text("".join(f"{stack} {count}\n" for stack, count in stacks.items()))
 
 
 def profile_read(path: Path) -> Profile:

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from assistant.benchmarking.profile import area_rows, profile_read, profile_top
+from assistant.benchmarking.profile import area_rows, profile_read, profile_top, raw_write
 
 PROFILERS = ("py-spy", "perf")
 #: The environment a server needs for perf to name its Python functions.
@@ -81,7 +81,7 @@ def sampler_stop(sampler: Sampler) -> Path:
         if script.returncode:
             raise RuntimeError(f"perf script failed: {script.stderr}")
         folded = perf_fold(script.stdout.splitlines(), sampler.pid)
-        sampler.out.write_text("".join(f"{stack} {count}\n" for stack, count in folded.items()))
+        raw_write(folded, sampler.out)
     if not sampler.out.exists() or not sampler.out.stat().st_size:
         said = errors.decode(errors="replace")
         raise RuntimeError(f"{sampler.profiler} wrote no profile: {said}")

@@ -30,7 +30,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from assistant.models import Conversation, Message, StreamRecord
-from assistant.services.table_rows import Column, Row, insert_columns, insert_values
+from assistant.services.table_rows import Row, insert_columns, insert_head, insert_values
 
 #: PostgreSQL's limit on a statement's parameters (their count is a 16-bit integer).
 MAX_PARAMS = 65535
@@ -52,32 +52,13 @@ def _insert(
 ) -> str:
     """``INSERT INTO table (...) VALUES ($n, ...), ...`` for ``objs``; their values are added to
     ``params``."""
-    fields = insert_columns(model, objs, connection)
+    fields, head = insert_head(model, objs, connection)
     rows = []
     for values in insert_values(fields, objs, connection):
         start = len(params)
         params.extend(values)
         rows.append(_placeholders(start, len(values)))
-    return _insert_head(model, fields, connection) + ", ".join(rows)
-
-
-#: Each column tuple's ``INSERT INTO table (columns) VALUES ``, by the tuple's id; the tuple is
-#: kept with it. ``insert_columns`` gives the same few tuples (made once, by a cached function)
-#: to every batch, so a batch's INSERT is not quoted and joined again column by column.
-_heads: dict[int, tuple[tuple[Column, ...], str]] = {}
-
-
-def _insert_head(
-    model: type[models.Model], fields: tuple[Column, ...], connection: BaseDatabaseWrapper
-) -> str:
-    known = _heads.get(id(fields))
-    if known is not None and known[0] is fields:
-        return known[1]
-    quote = connection.ops.quote_name  # PostgreSQL's, as for every batch statement
-    columns = ", ".join(quote(c.field.column) for c in fields)
-    head = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "
-    _heads[id(fields)] = (fields, head)
-    return head
+    return f"{head} VALUES {', '.join(rows)}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -53,7 +53,7 @@ from assistant.services.batch_statement import (
     touch_parts,
 )
 from assistant.services.deleted_marks import deleted_dropped
-from assistant.services.table_rows import Row, insert_columns, insert_values
+from assistant.services.table_rows import Row, insert_head, insert_values
 from assistant.services.traffic_sums import spans_invalidate
 
 logger = logging.getLogger(__name__)
@@ -108,11 +108,9 @@ def insert_many(model: type[models.Model], objs: list[Row]) -> None:
     signals are sent, as with ``bulk_create``.
     """
     connection = connections[router.db_for_write(model)]
-    fields = insert_columns(model, objs, connection)
-    table = connection.ops.quote_name(model._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(c.field.column) for c in fields)
+    fields, head = insert_head(model, objs, connection)
     placeholders = ", ".join(["%s"] * len(fields))
-    sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"
+    sql = f"{head} VALUES ({placeholders})"
     with connection.cursor() as cursor:
         cursor.executemany(sql, insert_values(fields, objs, connection))
 

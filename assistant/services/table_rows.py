@@ -156,15 +156,39 @@ def _backend(connection: BaseDatabaseWrapper) -> str:
     return "sqlite" if connection.vendor == "sqlite" else "other"
 
 
+def _with_auto(model: type[models.Model], rows: list[Row]) -> bool:
+    auto = model._meta.auto_field
+    return auto is not None and any(row.get(auto.attname) is not None for row in rows)
+
+
 def insert_columns(
     model: type[models.Model], rows: list[Row], connection: BaseDatabaseWrapper
 ) -> tuple[Column, ...]:
     """The columns ``rows`` are inserted with: every concrete field of ``model`` but a
     generated one, or an auto primary key none of them gives (left to the database: SQLite
     would take NULL as "next", PostgreSQL refuses it)."""
-    auto = model._meta.auto_field
-    with_auto = auto is not None and any(row.get(auto.attname) is not None for row in rows)
-    return _columns(model, _backend(connection), with_auto)
+    return _columns(model, _backend(connection), _with_auto(model, rows))
+
+
+#: ``INSERT INTO table (columns)`` by model, vendor (whose quoting it is) and whether the auto
+#: primary key is among the columns: the same few for the life of the process.
+_heads: dict[tuple[type[models.Model], str, bool], str] = {}
+
+
+def insert_head(
+    model: type[models.Model], rows: list[Row], connection: BaseDatabaseWrapper
+) -> tuple[tuple[Column, ...], str]:
+    """``insert_columns``' columns and ``INSERT INTO table (columns)`` for them, quoted for
+    ``connection``: made once, not quoted and joined again column by column for every batch."""
+    with_auto = _with_auto(model, rows)
+    columns = _columns(model, _backend(connection), with_auto)
+    key = (model, connection.vendor, with_auto)
+    head = _heads.get(key)
+    if head is None:
+        quote = connection.ops.quote_name
+        names = ", ".join(quote(c.field.column) for c in columns)
+        head = _heads[key] = f"INSERT INTO {quote(model._meta.db_table)} ({names})"
+    return columns, head
 
 
 def insert_values(

@@ -6,10 +6,8 @@ these tests read what really reached the engine, in the server's own process.
 """
 
 import re
-import time
 import uuid
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +16,6 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from assistant.models import ClassMember, Classroom, Conversation, StreamRecord
-from assistant.services import ratelimit
 from assistant.services.classrooms import CLASS_COOKIE, join_code_new
 from tests.support import ChatClient, LiveServer, wait_for
 
@@ -325,17 +322,14 @@ def test_a_page_that_showed_another_class_or_policy_is_refused(
         client.close()
 
 
-def test_only_wrong_codes_count_against_an_address(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("rate_clock_held")
+def test_only_wrong_codes_count_against_an_address() -> None:
     """A whole class behind one address joins (right codes are not counted); 60 wrong codes a
     minute are answered 404, then the address is refused even a right code (429), so it cannot
     tell one from the other by trying."""
     from django.core.cache import cache
     from django.test import Client
 
-    # The limiter's clock held in one window: a fixed window's count starts again when its
-    # minute turns, and a slow run's tries would straddle it.
-    held = time.time()
-    monkeypatch.setattr(ratelimit, "time", SimpleNamespace(time=lambda: held))
     cache.clear()
     classroom = make_class()
     for n in range(70):

@@ -229,6 +229,7 @@ def test_other_methods_get_405_with_allow(method: str) -> None:
     assert Conversation.objects.filter(id=conversation.id).exists()
 
 
+@pytest.mark.usefixtures("rate_clock_held")
 def test_renames_and_deletes_are_rate_limited_per_owner() -> None:
     """At the chat rate (here 3 a minute), counted apart from questions: the fourth change in a
     minute gets 429 ``rate_limited`` with Retry-After and changes nothing; another student is

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant.benchmarking.profile import frame_parse, profile_read
+from assistant.benchmarking.profile import frame_parse, profile_read, raw_write
 from assistant.benchmarking.sampling import PERF_ENV, perf_fold, sampler_start, sampler_stop
 
 LIBPYTHON = "/usr/lib/libpython3.12.so.1.0"
@@ -60,8 +60,7 @@ def test_a_sample_is_its_innermost_python_function_and_the_library_it_called() -
 
 def test_folded_samples_are_read_as_py_spys(tmp_path: Path) -> None:
     raw = tmp_path / "raw.txt"
-    folded = perf_fold(SCRIPT.splitlines(), pid=100)
-    raw.write_text("".join(f"{stack} {n}\n" for stack, n in folded.items()))
+    raw_write(perf_fold(SCRIPT.splitlines(), pid=100), raw)
     profile = profile_read(raw)
     assert profile.samples == 4
     assert profile.total[frame_parse("[the main thread] ()")] == 3

@@ -16,7 +16,7 @@ from pytest_django.fixtures import Settings
 
 from assistant.models import Conversation, Message, StreamRecord
 from assistant.services.conversations import Exchange, answer_rows, question_rows
-from assistant.services.table_rows import Column, Row, insert_columns, insert_values
+from assistant.services.table_rows import Column, Row, insert_columns, insert_head, insert_values
 from assistant.services.telemetry import AnswerSummary, refused_record, stream_record
 from assistant.services.timings import StreamTimings
 
@@ -157,6 +157,19 @@ def test_an_auto_primary_key_is_left_to_the_database_unless_a_row_gives_one() ->
     assert "id" not in [c.name for c in insert_columns(StreamRecord, [record], connection)]
     given = {**record, "id": 7}
     assert "id" in [c.name for c in insert_columns(StreamRecord, [record, given], connection)]
+
+
+def test_an_insert_head_names_its_columns_in_order_with_or_without_the_auto_id() -> None:
+    """Made once for each set of columns: rows with and without their auto id, in turn, each
+    get the head for theirs."""
+    left = stream_record(summary(Outcome.OK, 1))
+    given = {**left, "id": 7}
+    quote = connection.ops.quote_name
+    for rows in ([left], [given], [left], [left, given]):
+        columns, head = insert_head(StreamRecord, rows, connection)
+        assert columns == insert_columns(StreamRecord, rows, connection)
+        names = ", ".join(quote(c.field.column) for c in columns)
+        assert head == f"INSERT INTO {quote(StreamRecord._meta.db_table)} ({names})"
 
 
 @pytest.fixture
