@@ -33,6 +33,14 @@ so neither takes CPU from the other; both CPU figures are printed (a share of on
 (its history read with each), then begins another; a server that names no conversation (the
 peer) is asked new questions only.
 
+A server named more than once in ``--servers`` is started afresh and measured again in each of
+its turns (``--servers chatsite-uvicorn uvicorn chatsite-uvicorn uvicorn``: in alternation, so
+that a machine whose speed drifts shifts both alike). The run ends with the standing: each
+server's CPU per answer (its process, then all of the box's), the median of its turns at each
+number of students, and its ratio to the peer's and to the bare server's. ``--chatsite-env
+NAME=VALUE`` gives chatsite's workers a setting (``CHATSITE_LOG_LEVEL=WARNING``, ...), to
+measure what one costs.
+
 ``--profile DIR`` samples the server during each level with py-spy, or with Linux's perf
 (``--profiler perf``: every thread, only while on a CPU; as in benchmarks/added_latency.py; the
 sampler runs on the load generator's core) and prints the top of each profile (through nginx,
@@ -61,6 +69,7 @@ from assistant.benchmarking.capacity import (  # noqa: E402
     crowd,
     level_figures,
     next_level,
+    standing_rows,
 )
 from assistant.benchmarking.sampling import (  # noqa: E402
     PERF_ENV,
@@ -180,6 +189,7 @@ def measure(
         server_cpu_s=server_cpu_s,
         client_cpu_s=client_cpu_s,
         wall_s=time.perf_counter() - wall,
+        cpu_by_role=clock.spent if isinstance(clock, BoxClock) else None,
     )
 
 
@@ -211,6 +221,14 @@ def show(name: str, level: Level, args: argparse.Namespace) -> None:
     )
 
 
+def env_setting(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` as a pair."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -218,6 +236,7 @@ def main() -> None:
         nargs="+",
         choices=["bare", "uvicorn", "chatsite", "chatsite-uvicorn"],
         default=["bare", "uvicorn", "chatsite"],
+        help="measured in this order; a server named again is started and measured again",
     )
     parser.add_argument("--start", type=int, default=50, help="students at the first level")
     parser.add_argument("--most", type=int, default=3200, help="students at most")
@@ -242,6 +261,14 @@ def main() -> None:
         default=0,
         help="questions each student asks in the conversation they began, then starts another",
     )
+    parser.add_argument(
+        "--chatsite-env",
+        type=env_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for chatsite's workers (CHATSITE_LOG_LEVEL=WARNING, ...), repeatable",
+    )
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument("--profile", type=Path, help="sample the server at each level, into DIR")
     parser.add_argument("--profiler", choices=PROFILERS, default="py-spy")
@@ -261,34 +288,47 @@ def main() -> None:
     )
     print(f"uvicorn: {uvicorn_kind()}\n", flush=True)
     results: dict[str, list[dict]] = {}
+    turns: list[tuple[str, Level]] = []
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.servers:
+        for turn, name in enumerate(args.servers):
+            # A server named again (turns in alternation) is started afresh, in a folder of its
+            # own; its levels are kept beside the first turn's.
+            work = Path(folder) / str(turn)
+            work.mkdir()
+            key = name if name not in results else f"{name} (turn {turn + 1})"
             if args.through == "nginx":
-                with box_start(name, args, Path(folder)) as nginx_box:
+                with box_start(name, args, work) as nginx_box:
                     if pinned:
                         pin_box(nginx_box, SERVER_CORE)
-                    results[name] = search(name, args, partial(measure_box, nginx_box, args))
+                    results[key] = search(name, args, partial(measure_box, nginx_box, args), turns)
                 continue
-            port, pid, request, server, process = start(name, args, Path(folder))
+            own = dict(args.chatsite_env) if name.startswith("chatsite") else None
+            port, pid, request, server, process = start(name, args, work, own)
             if pinned:
                 pin(pid, SERVER_CORE)
             try:
                 asyncio.run(crowd(port, request, 5, warmup_s=0, measure_s=1))  # warm up
                 one = partial(measure_direct, name, port, pid, request, args=args)
-                results[name] = search(name, args, one)
+                results[key] = search(name, args, one, turns)
             finally:
                 if server is not None:
                     server.stop()
                 if process is not None:
                     process.terminate()
                     process.wait()
+    print("\n".join(standing_rows(turns)), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
 
-def search(name: str, args: argparse.Namespace, one: Callable[[int], Level]) -> list[dict]:
+def search(
+    name: str,
+    args: argparse.Namespace,
+    one: Callable[[int], Level],
+    turns: list[tuple[str, Level]],
+) -> list[dict]:
     """The levels tried for server ``name`` (``one`` measures a level), until its capacity is
-    found; prints each, then the capacity."""
+    found; prints each, then the capacity. Each level is added to ``turns``."""
     passed: list[int] = []
     failed: list[int] = []
     levels = []
@@ -299,6 +339,7 @@ def search(name: str, args: argparse.Namespace, one: Callable[[int], Level]) -> 
     ) is not None:
         level = one(students)
         show(name, level, args)
+        turns.append((name, level))
         passes = level.passes(args.itl_limit_ms, args.ttft_limit_ms)
         (passed if passes else failed).append(students)
         levels.append(asdict(level))

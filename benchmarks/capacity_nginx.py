@@ -167,6 +167,7 @@ def chatsite_box(name: str, args: Any, folder: Path) -> Iterator[Box]:
         "CHATSITE_NEW_SESSIONS_PER_MINUTE": "100000",
         # What a sampler needs of the workers (the environment file is all they read).
         **{name: value for name, value in os.environ.items() if name in PERF_ENV},
+        **dict(args.chatsite_env),
     }
     server = "uvicorn" if name == "chatsite-uvicorn" else "daphne"
     with LoopbackStack(

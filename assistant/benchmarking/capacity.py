@@ -30,8 +30,9 @@ import json
 import math
 import os
 import re
+import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .stats import percentile
@@ -202,6 +203,10 @@ class Level:
     #: The added TTFT of the follow-ups alone (None: none asked).
     follow_up_ttft_p50: float | None = None
     follow_up_ttft_p99: float | None = None
+    #: CPU per answer (ms) over the level by whose it was (``server``; through nginx also
+    #: ``nginx``, ``PostgreSQL``, ``Redis``): the CPU over the whole run, warm-up included,
+    #: over the answers measured, the same measure for every server.
+    cpu_ms_per_answer: dict[str, float] = field(default_factory=dict)
 
     def passes(self, itl_limit_ms: float, ttft_limit_ms: float = TTFT_LIMIT_MS) -> bool:
         return (
@@ -229,10 +234,13 @@ def level_figures(
     server_cpu_s: float,
     client_cpu_s: float,
     wall_s: float,
+    cpu_by_role: Mapping[str, float] | None = None,
 ) -> Level:
     """Reduce a level's answers to its figures; the added latencies take the engine's own
-    first-token delay and token gap off what the client saw."""
+    first-token delay and token gap off what the client saw. ``cpu_by_role``: the CPU seconds
+    over the run by whose they were (default: all the server's)."""
     answers = list(answers)
+    spent = {"server": server_cpu_s} if cpu_by_role is None else cpu_by_role
     failed = [a for a in answers if a.error]
     ok = [a for a in answers if not a.error]
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
@@ -255,7 +263,51 @@ def level_figures(
         first_error=failed[0].error if failed else None,
         follow_up_ttft_p50=_ms(followed, 50, ttft_ms),
         follow_up_ttft_p99=_ms(followed, 99, ttft_ms),
+        cpu_ms_per_answer={
+            role: round(seconds * 1000 / len(answers), 3) for role, seconds in spent.items()
+        }
+        if answers
+        else {},
     )
+
+
+def standing_rows(turns: Sequence[tuple[str, Level]], *, peer: str = "uvicorn") -> list[str]:
+    """Markdown rows: each server's CPU per answer at each number of students, the median of
+    its turns (a server measured again in alternation, on a shared machine whose speed drifts)
+    with their range, the server's process alone and all the box's, then the server's median
+    over the ``peer``'s and over ``bare``'s at the same number of students, where measured."""
+    by: dict[tuple[str, int], list[Level]] = {}
+    for name, level in turns:
+        if level.cpu_ms_per_answer:
+            by.setdefault((name, level.students), []).append(level)
+
+    def median(name: str, students: int, box: bool = False) -> float | None:
+        levels = by.get((name, students))
+        if not levels:
+            return None
+        return statistics.median(
+            sum(lv.cpu_ms_per_answer.values()) if box else lv.cpu_ms_per_answer["server"]
+            for lv in levels
+        )
+
+    rows = [
+        "| server | students | turns | server CPU ms/answer, median (range) | the box's |"
+        f" × {peer} | × bare |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for (name, students), levels in sorted(by.items(), key=lambda item: (item[0][1], item[0][0])):
+        own = sorted(lv.cpu_ms_per_answer["server"] for lv in levels)
+        mine = median(name, students)
+        assert mine is not None
+        ratios = [
+            f"{mine / theirs:.2f}" if (theirs := median(other, students)) else "-"
+            for other in (peer, "bare")
+        ]
+        rows.append(
+            f"| {name} | {students} | {len(levels)} | {mine:.2f} ({own[0]:.2f}-{own[-1]:.2f})"
+            f" | {median(name, students, box=True):.2f} | {ratios[0]} | {ratios[1]} |"
+        )
+    return rows
 
 
 def next_level(

@@ -10,12 +10,14 @@ import pytest
 
 from assistant.benchmarking.capacity import (
     Answer,
+    Level,
     Markers,
     answer,
     crowd,
     follow_up,
     level_figures,
     next_level,
+    standing_rows,
 )
 from assistant.models import Message
 from assistant.sse import encode_comment, encode_json_event
@@ -93,6 +95,44 @@ def test_figures_take_the_engines_own_delays_off() -> None:
         measure_s=2, server_cpu_s=0, client_cpu_s=0, wall_s=1,
     )  # fmt: skip
     assert (continued.added_ttft_p50, continued.follow_up_ttft_p50) == (5.0, 70.0)
+
+
+def spent(students: int, answers: int, **seconds: float) -> Level:
+    """A level of ``answers`` answers whose run took ``seconds`` of CPU by role."""
+    made = [Answer(sent=0.0, ttft_s=0.1, gaps_s=[0.05], tokens=2)] * answers
+    return level_figures(
+        students, made, ttft_ms=100, itl_ms=50, measure_s=2,
+        server_cpu_s=sum(seconds.values()), client_cpu_s=0, wall_s=1, cpu_by_role=seconds,
+    )  # fmt: skip
+
+
+def test_cpu_per_answer_is_kept_by_role() -> None:
+    level = spent(150, 200, server=1.0, nginx=0.5, Redis=0.1)
+    assert level.cpu_ms_per_answer == {"server": 5.0, "nginx": 2.5, "Redis": 0.5}
+    alone = level_figures(
+        150, [Answer(sent=0.0, ttft_s=0.1, gaps_s=[0.05], tokens=2)] * 4, ttft_ms=100,
+        itl_ms=50, measure_s=2, server_cpu_s=0.01, client_cpu_s=0, wall_s=1,
+    )  # fmt: skip
+    assert alone.cpu_ms_per_answer == {"server": 2.5}
+    assert spent(150, 0, server=1.0).cpu_ms_per_answer == {}
+
+
+def test_the_standing_takes_each_servers_median_over_its_turns() -> None:
+    turns = [
+        ("chatsite-uvicorn", spent(150, 1000, server=5.0, nginx=3.0)),
+        ("uvicorn", spent(150, 1000, server=4.0, nginx=4.0)),
+        ("chatsite-uvicorn", spent(150, 1000, server=6.4, nginx=3.0)),
+        ("uvicorn", spent(150, 1000, server=5.0, nginx=4.0)),
+        ("chatsite-uvicorn", spent(150, 1000, server=4.6, nginx=3.0)),
+        ("bare", spent(150, 1000, server=2.0, nginx=3.0)),
+        ("uvicorn", spent(300, 1000, server=9.0)),  # no other server at 300
+    ]
+    rows = standing_rows(turns)
+    assert rows[2] == "| bare | 150 | 1 | 2.00 (2.00-2.00) | 5.00 | 0.44 | 1.00 |"
+    assert rows[3] == "| chatsite-uvicorn | 150 | 3 | 5.00 (4.60-6.40) | 8.00 | 1.11 | 2.50 |"
+    assert rows[4] == "| uvicorn | 150 | 2 | 4.50 (4.00-5.00) | 8.50 | 1.00 | 2.25 |"
+    assert rows[5] == "| uvicorn | 300 | 1 | 9.00 (9.00-9.00) | 9.00 | 1.00 | - |"
+    assert len(rows) == 6
 
 
 def search(
@@ -239,3 +279,16 @@ def test_the_wait_for_a_connection_counts_in_the_time_to_the_first_token(
     found = asyncio.run(run())
     assert found.error is None and found.tokens == 7
     assert found.ttft_s is not None and found.ttft_s >= 0.3
+
+
+def test_a_setting_for_chatsites_workers_is_name_equals_value() -> None:
+    import argparse
+
+    from benchmarks.capacity import env_setting
+
+    assert env_setting("CHATSITE_LOG_LEVEL=WARNING") == ("CHATSITE_LOG_LEVEL", "WARNING")
+    assert env_setting("CHATSITE_X=a=b") == ("CHATSITE_X", "a=b")
+    assert env_setting("CHATSITE_X=") == ("CHATSITE_X", "")
+    for wrong in ("CHATSITE_X", "=1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            env_setting(wrong)

@@ -24,6 +24,7 @@ ARGS = argparse.Namespace(
     profile=None,
     profiler="py-spy",
     follow_ups=1,
+    chatsite_env=[("CHATSITE_LOG_LEVEL", "INFO")],
 )
 
 
