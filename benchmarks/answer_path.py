@@ -14,8 +14,10 @@ of HTTP.
 
 ``--stores production`` keeps what an answer stores where the production profile does: in a
 PostgreSQL database made for the run (at ``--postgres``, dropped after) and in Redis (sessions,
-rate limits and stream slots, under a prefix of the run's own, deleted after). Their own CPU is
-not counted, only what this process spends talking to them. The default, ``local``, is SQLite
+rate limits and stream slots, under a prefix of the run's own, deleted after), and talks to them
+as the production worker does (``chatsite.uvicorn_server``): a question's admission and an
+answer's give-back of its slot from the event loop's own connections. Their own CPU is not
+counted, only what this process spends talking to them. The default, ``local``, is SQLite
 and this process's memory.
 
 Each round also says what the group writer spent of it: its batches (rows submitted while one
@@ -185,6 +187,23 @@ class WriterClock:
 
 
 async def run(args: argparse.Namespace) -> None:
+    from assistant.loop_redis import loop_redis_allow
+
+    if args.stores == "production":
+        # As the production worker (chatsite.uvicorn_server): admission and the slots' give-back
+        # on this loop's own Redis connection, reads on its PostgreSQL one.
+        loop_redis_allow()
+    try:
+        await answers_measured(args)
+    finally:
+        from assistant.loop_postgres import loop_postgres_close
+        from assistant.loop_redis import loop_redis_close
+
+        await loop_redis_close()
+        await loop_postgres_close()
+
+
+async def answers_measured(args: argparse.Namespace) -> None:
     from assistant.services import background
     from chatsite.asgi import application
 

@@ -104,19 +104,33 @@ UVICORN_HTTP1 = (
 )
 
 
+#: Whether a class is, or extends, one of uvicorn's HTTP/1 cycles, by class (asked once each).
+_UVICORN_CYCLES: dict[type, bool] = {}
+
+
+def _uvicorn_cycle(kind: type) -> bool:
+    known = _UVICORN_CYCLES.get(kind)
+    if known is None:
+        known = _UVICORN_CYCLES[kind] = any(
+            base.__name__ == "RequestResponseCycle" and base.__module__ in UVICORN_HTTP1
+            for base in kind.__mro__
+        )
+    return known
+
+
 def uvicorn_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
     """The asyncio transport and socket file descriptor of the TCP connection behind uvicorn's
     ASGI ``send``; None under another server, over HTTP/2, TLS or a Unix socket (whose
     ``TIOCOUTQ`` counts the kernel's memory, not the bytes queued).
 
-    Relies on uvicorn's ``RequestResponseCycle`` (of its httptools and h11 protocols alike)
-    handing the application its own bound ``send`` method and keeping the connection's transport
+    Relies on uvicorn's ``RequestResponseCycle`` (of its httptools and h11 protocols alike, or
+    a subclass: ``chatsite.uvicorn_server.HeadWithBody``) handing the application its own bound
+    ``send`` method and keeping the connection's transport
     as ``transport``; the transport's buffer is read and bounded through asyncio's public
     ``WriteTransport`` calls (``get_write_buffer_size``, ``set_write_buffer_limits``, ``abort``).
     """
     cycle = getattr(send, "__self__", None)
-    kind = type(cycle)
-    if kind.__name__ != "RequestResponseCycle" or kind.__module__ not in UVICORN_HTTP1:
+    if not _uvicorn_cycle(type(cycle)):
         return None
     transport = getattr(cycle, "transport", None)
     if transport is None or transport.get_extra_info("sslcontext") is not None:

@@ -29,6 +29,16 @@ logger = logging.getLogger(__name__)
 CONTENDED_POLL_S = 0.1
 
 
+#: A frame kept for a resume, after the id of the token it carries (None: not a token's).
+Frame = tuple[int | None, bytes]
+
+
+def resumed(token_id: int | None, last_id: int) -> bool:
+    """Whether a resume from token ``last_id`` gets the frame of ``token_id``: every frame but
+    the tokens up to it."""
+    return token_id is None or token_id > last_id
+
+
 def _nothing() -> None:
     """An ended answer has nothing left to stop."""
 
@@ -47,7 +57,7 @@ class AnswerBuffer:
     unheard: Callable[[], None]
     #: True while another request waits for this answer's engine (which runs one at a time).
     contended: Callable[[], bool]
-    frames: list[tuple[int | None, bytes]] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
     size: int = 0
     finished: bool = False
     listeners: int = 0
@@ -155,7 +165,7 @@ class AnswerBuffer:
                 sent += 1
                 taken += len(frame)
                 self.delivered = max(self.delivered, taken)
-                if token_id is None or token_id > last_id:
+                if resumed(token_id, last_id):
                     yield frame
             if self.finished:
                 return

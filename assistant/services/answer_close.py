@@ -18,7 +18,7 @@ from assistant.models import StreamRecord
 from assistant.services import background
 from assistant.services.admission import chat_slot_release
 from assistant.services.answer_ends import Ended
-from assistant.services.answer_registry import answer_ended, answer_forget
+from assistant.services.answer_registry import answer_ended, answer_keep
 from assistant.services.conversations import answer_rows, answer_store, question_rows
 from assistant.services.persistence import rows_hand_over
 from assistant.services.telemetry import AnswerSummary, stream_observe
@@ -120,12 +120,13 @@ class AnswerEnd:
             stream_observe(summary)
 
     def _finish(self: "Answer") -> None:
-        """Listeners see the end; a resumable answer stays so for ``RESUME_KEEP_S``."""
+        """Listeners see the end; a resumable answer stays so for ``RESUME_KEEP_S``, as its
+        frames (``answer_registry.KeptAnswer``)."""
         self.buffer.finish()
         self._task = None
         answer_ended(self)
         if self.resumable:
-            self.loop.call_later(settings.CHATSITE_STREAM["RESUME_KEEP_S"], answer_forget, self)
+            answer_keep(self, self.buffer.frames, settings.CHATSITE_STREAM["RESUME_KEEP_S"])
 
     def _summary(self: "Answer") -> AnswerSummary:
         return AnswerSummary(

@@ -19,8 +19,9 @@ one of them, its test fails by name, before a stream misbehaves in production.
   what ``ChatStreamConsumer.__call__`` does in place of ``AsyncConsumer.__call__``.
 - uvicorn, a real ``Server`` on loopback with each of its HTTP parsers: ``uvicorn_socket`` (the
   connection behind ``send``). And what ``chatsite/uvicorn_server.py`` overrides: the server's
-  signal handler, its start-up, its wait for open requests, the httptools parser's callbacks
-  (its behaviour: tests/assistant/test_worker_stop.py and test_slow_requests.py).
+  signal handler, its start-up, its wait for open requests, the httptools parser's callbacks,
+  the request's cycle and its ``send`` (their behaviour: tests/assistant/test_worker_stop.py,
+  test_slow_requests.py and test_uvicorn_writes.py).
 """
 
 import asyncio
@@ -766,6 +767,26 @@ def test_uvicorn_calls_what_chatsites_worker_overrides() -> None:
     assert "self.response_started" in inspect.getsource(RequestResponseCycle.__init__)
     # The open requests' tasks and connections, as the server's own shutdown reads them.
     assert "self.server_state.tasks" in shutdown and "self.server_state.connections" in shutdown
+
+
+def test_uvicorn_starts_every_cycle_where_chatsites_worker_swaps_it() -> None:
+    """``ChatsiteHttpTools`` makes each cycle a ``HeadWithBody`` in ``_start_asgi_task``, through
+    which uvicorn starts every request's (a pipelined one's too); ``HeadWithBody`` lets the
+    stock ``send`` write a head, or a body's piece, to a stand-in transport, which holds only
+    while nothing is awaited before the write: only a transport that is behind is waited for."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    from chatsite.uvicorn_server import HeadWithBody
+
+    assert issubclass(HeadWithBody, RequestResponseCycle)
+    headers = inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self._start_asgi_task(self.cycle, app)" in headers
+    assert "self._start_asgi_task(cycle, app)" in inspect.getsource(
+        HttpToolsProtocol.on_response_complete
+    )
+    send = inspect.getsource(RequestResponseCycle.send)
+    assert send.count("await ") == 1 and "await self.flow.drain()" in send
+    assert "if self.flow.write_paused and not self.disconnected:" in send
 
 
 # --- prometheus_client ----------------------------------------------------------------------

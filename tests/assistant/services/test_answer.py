@@ -18,7 +18,12 @@ from pytest_django.fixtures import Settings
 
 from assistant import errors
 from assistant.engines.scripted import default_tokens
-from assistant.services.answer_registry import answer_find, answer_running, answer_stop
+from assistant.services.answer_registry import (
+    KeptAnswer,
+    answer_find,
+    answer_running,
+    answer_stop,
+)
 from tests.assistant.services.answer_support import (
     OPEN,
     Frame,
@@ -103,7 +108,7 @@ async def test_the_last_frame_ends_the_response_once_the_answer_is_closed(
     assert at_end == [(before + 1, True, False)]
     assert answer.finished
     found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)
-    assert found is answer
+    assert isinstance(found, KeptAnswer) and found.request_id == answer.request_id
     assert (await collect(found.listen(0)))[-1] == ended.frames[0]  # kept for a resume too
 
 
@@ -118,7 +123,7 @@ async def test_listen_after_the_end_replays_only_the_tokens_after_last_id(
     assert live.read[-1].kind == "done"
 
     found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)
-    assert found is answer
+    assert isinstance(found, KeptAnswer) and found.request_id == answer.request_id
     assert answer_find(owner_key="session:somebody-else", request_id=answer.request_id) is None
 
     resumed = await collect(found.listen(2))
@@ -263,7 +268,7 @@ async def test_give_up_ends_with_an_error_event_saying_why(harness: Harness) -> 
     ]
     # The error event is kept for a resume too.
     found = answer_find(owner_key=harness.owner_key, request_id=answer.request_id)
-    assert found is answer
+    assert isinstance(found, KeptAnswer)
     assert await collect(found.listen(2)) == [live.frames[0], live.frames[-1]]
 
     stored = await harness.stored(answer)
