@@ -89,7 +89,13 @@ class _HeadAhead:
         head, self.head = self.head, None
         self.transport.write(data if head is None else head + data)
 
+    def flush(self) -> None:
+        """Write the head, if no body went with it (a response to ``HEAD``)."""
+        if self.head is not None:
+            self.write(b"")
+
     def close(self) -> None:
+        self.flush()
         self.transport.close()
 
 
@@ -132,8 +138,8 @@ class HeadWithBody(RequestResponseCycle):
             await RequestResponseCycle.send(self, message)  # nothing awaited: not paused
         finally:
             self.transport = transport
-            if ahead.head is not None and not self.disconnected:  # nothing written (HEAD)
-                transport.write(ahead.head)
+            if not self.disconnected:
+                ahead.flush()
 
     def kept_write(self) -> None:
         """Write the kept head, if any, on its own."""

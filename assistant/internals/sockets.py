@@ -125,9 +125,9 @@ def uvicorn_socket(send: Callable[..., Any]) -> tuple[Any, int] | None:
 
     Relies on uvicorn's ``RequestResponseCycle`` (of its httptools and h11 protocols alike, or
     a subclass: ``chatsite.uvicorn_server.HeadWithBody``) handing the application its own bound
-    ``send`` method and keeping the connection's transport
-    as ``transport``; the transport's buffer is read and bounded through asyncio's public
-    ``WriteTransport`` calls (``get_write_buffer_size``, ``set_write_buffer_limits``, ``abort``).
+    ``send`` method and keeping the connection's transport as ``transport``; the transport's
+    buffer is read and bounded through asyncio's public ``WriteTransport`` calls
+    (``get_write_buffer_size``, ``set_write_buffer_limits``, ``abort``).
     """
     cycle = getattr(send, "__self__", None)
     if not _uvicorn_cycle(type(cycle)):

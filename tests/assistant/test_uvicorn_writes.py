@@ -127,9 +127,11 @@ async def test_a_head_sent_alone_still_goes_at_once() -> None:
     assert rest == b"c\r\ndata: late\n\n\r\n0\r\n\r\n"
 
 
-async def test_whole_responses_head_requests_and_closing_connections() -> None:
+@pytest.mark.parametrize("last", ["GET", "HEAD"])
+async def test_whole_responses_head_requests_and_closing_connections(last: str) -> None:
     """A response in one body (one write in all), a HEAD request (no body: the head alone), and
-    ``Connection: close`` (closed after the one write), in turn on one connection."""
+    ``Connection: close`` (closed after the one write, the head's alone for HEAD), in turn on
+    one connection."""
     counted: list[int] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -141,10 +143,11 @@ async def test_whole_responses_head_requests_and_closing_connections() -> None:
         counted.append(data_segments_out(send) - before)
 
     head = b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n"
-    close = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    close = f"{last} / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
     responses = await served(ChatsiteHttpTools, app, [GET, head, close])
     assert counted == [1, 1, 1]
     assert [r.split(b"\r\n", 1)[0] for r in responses] == [b"HTTP/1.1 200 OK"] * 3
-    assert responses[0].endswith(b"\r\n\r\nhello") and responses[2].endswith(b"\r\n\r\nhello")
+    assert responses[0].endswith(b"\r\n\r\nhello")
     assert responses[1].endswith(b"content-length: 5\r\n\r\n")
+    assert responses[2].endswith(b"\r\n\r\n" + (b"hello" if last == "GET" else b""))
     assert b"connection: close\r\n" in responses[2]
