@@ -28,6 +28,23 @@ _SCALARS = (str, int, bool, type(None))
 _SEPARATORS = (",", ":")
 
 
+def records_lean() -> None:
+    """Make log records without what no line of chatsite's shows: the caller's file, line and
+    function (a walk up the stack for every record), the thread's, process's and asyncio task's
+    names. These are the logging module's own switches for it (the Logging HOWTO's
+    "Optimization"). Neither format writes them (``plain`` is the time, level, logger and
+    message; ``json`` leaves every standard attribute out), and a traceback is formatted from
+    its exception, not from them. A worker writes a line for every answer: 21 µs a JSON line
+    before, 18.5 after (docs/performance.md). Called once a server has loaded (chatsite/asgi.py);
+    a custom format naming ``%(funcName)s``, ``%(threadName)s`` and the like would show
+    placeholders."""
+    logging._srcfile = None  # type: ignore[attr-defined]  # documented: no caller lookup
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging.logAsyncioTasks = False
+
+
 def _plain(value: object) -> object:
     """``value`` if JSON holds it as it is, else its ``str()`` (NaN and infinities too)."""
     if isinstance(value, float):

@@ -17,6 +17,7 @@ from assistant.collector import collector_settle  # noqa: E402
 from assistant.consumers import ChatStreamConsumer  # noqa: E402
 from assistant.latency_probe import latency_probe  # noqa: E402
 from assistant.lifespan import lifespan, worker_stopping  # noqa: E402
+from assistant.logs import records_lean  # noqa: E402
 from assistant.openai_api import OpenAIRouter  # noqa: E402
 from assistant.routing import ChatStreamRouter  # noqa: E402
 
@@ -46,8 +47,9 @@ chat_stream = ChatStreamRouter(
 )
 
 # Everything is loaded: out of the garbage collector's way, and collections fewer and shorter
-# (assistant/collector.py).
+# (assistant/collector.py); log records without the lookups no line shows (assistant/logs.py).
 collector_settle(settings.CHATSITE_GC_THRESHOLD)
+records_lean()
 
 application = ProtocolTypeRouter(
     {

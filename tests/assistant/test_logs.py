@@ -163,3 +163,39 @@ def test_an_unknown_log_format_refuses_to_start() -> None:
     result = settings_log_format({"CHATSITE_LOG_FORMAT": "xml"})
     assert result.returncode != 0
     assert "CHATSITE_LOG_FORMAT must be 'plain' or 'json', not 'xml'" in result.stderr
+
+
+def test_lean_records_write_the_same_lines_without_looking_up_their_caller(
+    log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``records_lean`` (a server's, once loaded): the same JSON line, field for field; the
+    record no longer knows its caller, thread or process, which no line shows."""
+    from assistant.logs import records_lean
+
+    logger, written = log
+    for name in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, name, getattr(logging, name))  # restored after the test
+    monkeypatch.setattr(logging, "logAsyncioTasks", logging.logAsyncioTasks)
+    records: list[logging.LogRecord] = []
+
+    class Kept(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            records.append(record)
+            return True
+
+    logger.addFilter(Kept())
+
+    def say() -> None:
+        logger.info("stream ended", extra={"request_id": "r1", "tokens": 40, "ttft": 1.5})
+
+    say()
+    records_lean()
+    say()
+    before, after = written.objects()
+    assert before.keys() == after.keys()
+    assert {k: v for k, v in before.items() if k != "time"} == {
+        k: v for k, v in after.items() if k != "time"
+    }
+    assert (records[0].funcName, records[1].funcName) == ("say", "(unknown function)")
+    assert records[0].threadName is not None and records[1].threadName is None
+    assert records[1].process is None and records[1].lineno == 0
