@@ -297,8 +297,7 @@ def standing_rows(turns: Sequence[tuple[str, Level]], *, peer: str = "uvicorn") 
     ]
     for (name, students), levels in sorted(by.items(), key=lambda item: (item[0][1], item[0][0])):
         own = sorted(lv.cpu_ms_per_answer["server"] for lv in levels)
-        mine = median(name, students)
-        assert mine is not None
+        mine = statistics.median(own)
         ratios = [
             f"{mine / theirs:.2f}" if (theirs := median(other, students)) else "-"
             for other in (peer, "bare")
