@@ -15,6 +15,7 @@ from typing import Any
 from assistant.loop_postgres import loop_postgres_close
 from assistant.loop_redis import loop_redis_close
 from assistant.services.background import drain
+from assistant.services.telemetry import ends_flush
 
 #: How long the answers left at shutdown have to be stored (the same bound as under Daphne).
 SHUTDOWN_STORE_S = 5.0
@@ -35,8 +36,9 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 async def worker_stopping() -> None:
     """A worker's last work, under either server: the answers left stored (within
-    ``SHUTDOWN_STORE_S``), then its event loop's Redis client and PostgreSQL connection
-    closed."""
+    ``SHUTDOWN_STORE_S``) and observed (their metrics and log lines, ``ends_flush``), then its
+    event loop's Redis client and PostgreSQL connection closed."""
     await drain(within_s=SHUTDOWN_STORE_S)
+    ends_flush()
     await loop_redis_close()
     await loop_postgres_close()

@@ -45,6 +45,23 @@ def records_lean() -> None:
     logging.logAsyncioTasks = False
 
 
+def record_at(
+    logger: logging.Logger, message: str, fields: dict[str, Any], at: float
+) -> logging.LogRecord:
+    """An INFO record of ``logger``'s with ``fields`` as its extras, made now but timed ``at``
+    (``time.time()`` when what it tells happened): a line written late keeps its own time.
+    Passed to ``logger.handle``; a field named as a record's own attribute is refused, as
+    ``extra=`` refuses it."""
+    record = logger.makeRecord(
+        logger.name, logging.INFO, "(unknown file)", 0, message, (), None, extra=fields
+    )
+    record.created = at
+    # As LogRecord times itself (Python 3.12).
+    record.msecs = int((at - int(at)) * 1000) + 0.0
+    record.relativeCreated = (at - logging._startTime) * 1000  # type: ignore[attr-defined]
+    return record
+
+
 def _plain(value: object) -> object:
     """``value`` if JSON holds it as it is, else its ``str()`` (NaN and infinities too)."""
     if isinstance(value, float):

@@ -5,6 +5,7 @@ import asyncio
 import json
 import uuid
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
@@ -12,6 +13,7 @@ from django.shortcuts import render
 from django.utils.translation import get_language
 from django.views.decorators.csrf import csrf_exempt, ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_POST
+from django_prometheus import exports
 
 from assistant import errors, http, selectors
 from assistant.busy import busy_page
@@ -31,6 +33,7 @@ from assistant.services.conversations import (
 )
 from assistant.services.identity import owner_key_for, session_issue, session_live
 from assistant.services.ratelimit import rate_limit_hit
+from assistant.services.telemetry import ends_flush
 
 #: How long a beacon waits for its stream's record (stored as the stream ends).
 BEACON_WAIT_S = 3.0
@@ -198,3 +201,12 @@ def admin_login(request: HttpRequest) -> HttpResponseBase:
     """The admin's login page (``/admin/login/``, also the dashboard's), answering a locked-out
     attempt with 429 and Retry-After beside the form's message (``forms.py``)."""
     return login_answer(admin.site.login(request))
+
+
+async def metrics_export(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics``: django_prometheus's exposition, with this worker's ended answers that
+    wait to be observed together (``telemetry.stream_observe``) counted first, so a scrape
+    sees every answer this worker has ended. Flushed here, on the event loop where they wait;
+    the exposition reads the metric files on a thread, as Django runs the view it wraps."""
+    ends_flush()
+    return await sync_to_async(exports.ExportToDjangoView)(request)

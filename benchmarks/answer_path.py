@@ -207,17 +207,23 @@ async def answers_measured(args: argparse.Namespace) -> None:
     from assistant.services import background
     from chatsite.asgi import application
 
+    # isort: split
+    from assistant.services.telemetry import ends_flush  # after Django is set up
+
     writer = WriterClock()
     cookies = await session_cookies(application)
     await answers(application, cookies, 50, args.concurrency)  # warm up
     await background.drain(within_s=60)  # the warm-up's last rows stored
+    ends_flush()
     writer.take()
     for round_ in range(args.rounds):
         cpu, wall = time.process_time(), time.perf_counter()
         tokens = await answers(application, cookies, args.answers, args.concurrency)
         # The round's rows stored before its clocks stop: however the writer batched them,
-        # their writing is counted in the round whose answers said them.
+        # their writing is counted in the round whose answers said them; so are their
+        # metrics and log lines, observed together every so often (telemetry.stream_observe).
         await background.drain(within_s=60)
+        ends_flush()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         batches, writing = writer.take()
         print(

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from assistant.views import admin_login
+from assistant.views import admin_login, metrics_export
 
 urlpatterns = [
     path("", include("assistant.urls")),
@@ -11,7 +11,8 @@ urlpatterns = [
     # The language switcher posts here (Django's set_language: CSRF, a cookie, back to "next").
     path("i18n/", include("django.conf.urls.i18n")),
     path("teach/", include("assistant.teach_urls")),
-    path("", include("django_prometheus.urls")),
+    # django_prometheus's exposition, this worker's waiting observations made first.
+    path("metrics", metrics_export, name="prometheus-django-metrics"),
 ]
 
 # A request Django cannot read answers the JSON error to a script, not an HTML page.

@@ -1,8 +1,10 @@
 """What each answer measured: its stored record, its Prometheus observations and its log line.
 
-All three happen when an answer ends, from timings taken on the way, so measuring adds nothing
-to the path of the first token. They take an ``AnswerSummary``, a small record of what the
-answer was, not the answer itself: telemetry depends on nothing that runs answers.
+All three come from timings taken on the way, after the answer's last frame, so measuring adds
+nothing to the path of the first token. The record goes to the group writer as the answer ends;
+the metrics and the log line wait for the others ending within ``ENDS_BATCH_S`` and are made for
+all of them at once (``stream_observe``). They take an ``AnswerSummary``, a small record of what
+the answer was, not the answer itself: telemetry depends on nothing that runs answers.
 
 The log line (``stream ended`` on the ``assistant.streams`` logger, at INFO) carries the stored
 record's figures under the same names, keyed by the request id nginx logs too
@@ -10,12 +12,18 @@ record's figures under the same names, keyed by the request id nginx logs too
 the owner key: a log is read by more people than the database, and kept longer.
 """
 
+import asyncio
+import contextlib
 import logging
+import time
 import uuid
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from assistant import metrics
+from assistant.logs import record_at
 from assistant.models import StreamRecord
 from assistant.services.table_rows import Row
 from assistant.services.timings import StreamTimings
@@ -29,6 +37,9 @@ SERVER_FAULTS = frozenset({Outcome.ENGINE_ERROR, Outcome.TIMEOUT, Outcome.SERVER
 _WITH_REASON = SERVER_FAULTS | {Outcome.GIVEN_UP}
 
 streams_log = logging.getLogger("assistant.streams")
+#: Seconds an ended answer waits to be observed with the others ending meanwhile
+#: (``stream_observe``): its metrics and its log line are that much late at most.
+ENDS_BATCH_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,38 +134,102 @@ def stream_started(*, serving_path: str, engine: str) -> None:
 
 
 def stream_observe(summary: AnswerSummary) -> None:
-    """Count, time and log an ended answer (called once, when it ends: after its last frame)."""
-    t, path, engine, outcome = (
-        summary.timings,
-        summary.serving_path,
-        summary.engine,
-        summary.outcome,
-    )
+    """Count, time and log an ended answer (called once, when it ends: after its last frame).
+
+    On an event loop the answer joins those that ended in the last ``ENDS_BATCH_S`` and all are
+    observed together (``ends_flush``): each metric is updated once for the batch, by its totals,
+    and the log lines are written one after the other, each with its own answer's end time.
+    Work done for many answers in one go stays in the processor's caches, where done once an
+    answer it is fetched afresh each time (docs/performance.md). Without a running loop (a
+    thread, a management command) it is observed at once."""
+    ended = (summary, time.time())
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        _observe((ended,))
+        return
+    if _ends.loop is not loop:
+        ends_flush()  # what a loop left that stopped before its flush (tests run many loops)
+    if _ends.timer is None:
+        _ends.loop, _ends.timer = loop, loop.call_later(ENDS_BATCH_S, ends_flush)
+    _ends.pending.append(ended)
+
+
+@dataclass(slots=True)
+class _Ends:
+    """The answers ended and not yet observed (each with when it ended, ``time.time()``), and
+    the flush they wait for on the event loop they ended on."""
+
+    pending: list[tuple[AnswerSummary, float]] = field(default_factory=list)
+    loop: asyncio.AbstractEventLoop | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+_ends = _Ends()
+
+
+def ends_flush() -> int:
+    """Observe the ended answers waiting (``stream_observe``) now; how many there were. Also
+    called as a worker stops (``assistant/lifespan.py``), after its last answers are stored."""
+    timer, _ends.timer = _ends.timer, None
+    if timer is not None and _ends.loop is not None and not _ends.loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # on another thread than the loop's
+            if asyncio.get_running_loop() is _ends.loop:
+                timer.cancel()
+    ended, _ends.pending = _ends.pending, []
+    if ended:
+        _observe(ended)
+    return len(ended)
+
+
+def _observe(ended: Sequence[tuple[AnswerSummary, float]]) -> None:
+    """The metrics of ``ended`` (answers and the times they ended), each updated once by its
+    totals, then their log lines."""
     child, server = metrics.child, server_name()
-    child(metrics.STREAMS_ACTIVE, path, engine, server).dec()
-    child(metrics.STREAMS, path, engine, outcome.value, server).inc()
-    if outcome in SERVER_FAULTS:
-        child(metrics.CONNECTION_ERRORS, path, summary.error_code or outcome.value).inc()
-    if t.first_token_sent:
-        ttft = t.first_token_sent - t.received
-        child(metrics.TTFT, path, engine, "server", server).observe(ttft)
-    if t.engine_first_delta and t.engine_submitted:
-        child(metrics.ENGINE_TTFT, path, engine).observe(t.engine_first_delta - t.engine_submitted)
-    metrics.observe_all(child(metrics.INTER_TOKEN, path, engine, server), t.gaps)
-    if t.tokens:
-        child(metrics.TOKENS, path, engine).inc(t.tokens)
-    duration = child(metrics.STREAM_DURATION, path, engine, outcome.value, server)
-    duration.observe(t.finished - t.received)
-    stream_log(
-        request_id=summary.request_id,
-        serving_path=path,
-        engine=engine,
-        classroom_id=summary.classroom_id,
-        owner_key=summary.owner_key,
-        outcome=outcome,
-        error_code=_error_code(outcome, summary.error_code),
-        stages=summary.stages,
-    )
+    counts: Counter[tuple[Any, tuple[str, ...]]] = Counter()
+    amounts: defaultdict[tuple[Any, tuple[str, ...]], list[float]] = defaultdict(list)
+    for summary, _ in ended:
+        t, path, engine, outcome = (
+            summary.timings,
+            summary.serving_path,
+            summary.engine,
+            summary.outcome,
+        )
+        counts[metrics.STREAMS_ACTIVE, (path, engine, server)] -= 1
+        counts[metrics.STREAMS, (path, engine, outcome.value, server)] += 1
+        if outcome in SERVER_FAULTS:
+            counts[metrics.CONNECTION_ERRORS, (path, summary.error_code or outcome.value)] += 1
+        if t.first_token_sent:
+            amounts[metrics.TTFT, (path, engine, "server", server)].append(
+                t.first_token_sent - t.received
+            )
+        if t.engine_first_delta and t.engine_submitted:
+            amounts[metrics.ENGINE_TTFT, (path, engine)].append(
+                t.engine_first_delta - t.engine_submitted
+            )
+        if t.gaps:
+            amounts[metrics.INTER_TOKEN, (path, engine, server)].extend(t.gaps)
+        if t.tokens:
+            counts[metrics.TOKENS, (path, engine)] += t.tokens
+        amounts[metrics.STREAM_DURATION, (path, engine, outcome.value, server)].append(
+            t.finished - t.received
+        )
+    for (metric, labels), count in counts.items():
+        child(metric, *labels).inc(count)  # a gauge's too: the streams that ended, taken off
+    for (metric, labels), observed in amounts.items():
+        metrics.observe_all(child(metric, *labels), observed)
+    for summary, at in ended:
+        stream_log(
+            request_id=summary.request_id,
+            serving_path=summary.serving_path,
+            engine=summary.engine,
+            classroom_id=summary.classroom_id,
+            owner_key=summary.owner_key,
+            outcome=summary.outcome,
+            error_code=_error_code(summary.outcome, summary.error_code),
+            stages=summary.stages,
+            at=at,
+        )
 
 
 def stream_refused(
@@ -194,9 +269,11 @@ def stream_log(
     outcome: Outcome,
     error_code: str,
     stages: dict[str, Any],
+    at: float | None = None,
 ) -> None:
     """Write the ``stream ended`` line of one stream, with its ``stages`` (``_stages``; see the
-    module docstring). Never raises: it runs while an answer closes."""
+    module docstring), timed ``at`` (``time.time()``; now if None). Never raises: it runs
+    while an answer closes."""
     if not streams_log.isEnabledFor(logging.INFO):
         return
     try:
@@ -211,6 +288,9 @@ def stream_log(
             "error_code": error_code,
             **stages,
         }
-        streams_log.info("stream ended", extra=fields)
+        if at is None:
+            streams_log.info("stream ended", extra=fields)
+        else:
+            streams_log.handle(record_at(streams_log, "stream ended", fields, at))
     except Exception:
         streams_log.exception("Could not log the end of %s", request_id)

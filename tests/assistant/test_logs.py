@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from assistant.logs import JsonFormatter
+from assistant.logs import JsonFormatter, record_at
 from tests.support import REDIS_URL, settings_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +61,25 @@ def test_a_record_is_one_object_with_exactly_its_fields(log) -> None:
     stamp = datetime.strptime(line["time"], "%Y-%m-%dT%H:%M:%S.%f%z")
     # A generous sanity bound: the stamp is this moment's, in UTC.
     assert before - timedelta(seconds=1) <= stamp <= datetime.now(UTC) + timedelta(seconds=1)
+
+
+def test_a_record_written_late_keeps_the_time_it_was_made_for(log) -> None:
+    """``record_at``: the same line as ``logger.info(..., extra=...)``, timed when what it tells
+    happened (an ended answer's line is written with others, after it); in the plain format
+    too, and an extra naming a record's own attribute is refused as ``extra=`` refuses it."""
+    logger, written = log
+    at = datetime(2026, 3, 1, 8, 15, 2, 250_000, tzinfo=UTC).timestamp()
+    logger.handle(record_at(logger, "stream ended", {"request_id": "abc", "tokens": 3}, at))
+    logger.info("stream ended", extra={"request_id": "abc", "tokens": 3})
+    late, now = written.objects()
+    assert late["time"] == "2026-03-01T08:15:02.250Z" != now["time"]
+    assert {**late, "time": None} == {**now, "time": None}
+    plain = logging.Formatter("%(asctime)s %(message)s")
+    plain.converter = time.gmtime
+    record = record_at(logger, "stream ended", {}, at)
+    assert plain.format(record) == "2026-03-01 08:15:02,250 stream ended"
+    with pytest.raises(KeyError):
+        record_at(logger, "stream ended", {"created": 1.0}, at)
 
 
 def test_an_exception_keeps_its_traceback_as_one_string(log) -> None:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import ROOT, ChatClient
+from tests.support import ROOT, ChatClient, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,5 +47,7 @@ def test_two_workers_report_the_sum_after_a_reset(daphne_factory, tmp_path) -> N
     finally:
         for client in clients:
             client.close()
-    assert streams_total(first.url) == 3
-    assert streams_total(second.url) == 3
+    # Each worker counts its ended answers together every telemetry.ENDS_BATCH_S (0.2 s): a
+    # scrape sees the other worker's within that.
+    assert wait_for(lambda: streams_total(first.url) == 3)
+    assert wait_for(lambda: streams_total(second.url) == 3)

@@ -6,7 +6,6 @@ response."""
 import json
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -161,21 +160,6 @@ def test_a_crash_keeps_its_traceback_in_the_log_only(server: LiveServer) -> None
     assert crash["error"].startswith("ValueError: ")
     assert crash["traceback"].startswith("Traceback (most recent call last):\n")
     assert "assistant/engines/scripted.py" in crash["traceback"]
-
-
-@pytest.fixture
-def streams_log() -> Iterator[list[logging.LogRecord]]:
-    """The records the ``assistant.streams`` logger handles, as any handler gets them."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger, handler = logging.getLogger("assistant.streams"), Keep()
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
 
 
 def test_a_refused_stream_writes_one_line_too(streams_log: list[logging.LogRecord]) -> None:

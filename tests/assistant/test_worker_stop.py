@@ -8,7 +8,8 @@ loopback sent real signals.
   which uvicorn's own handling skips (it ends the process by raising the signal again).
 - A second SIGTERM stops the worker at once, and the partial answer is still stored.
 - With no drain (``CHATSITE_DRAIN_S=0``) a stop cuts what is open at once, under uvicorn too,
-  and stores it; neither server logs a traceback for a request the stop cut.
+  stores it and writes its ``stream ended`` line; neither server logs a traceback for a
+  request the stop cut.
 - Under uvicorn, the listen backlog is ``CHATSITE_LISTEN_BACKLOG``.
 """
 
@@ -135,6 +136,8 @@ def test_with_no_drain_a_stop_cuts_at_once_stores_and_logs_no_traceback(
     assert re.search(draining, log), log[-2000:]
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
     assert_stored_partial(events)
+    # Its metrics and its line, waiting for others to end with it, were made before the exit.
+    assert log.count("assistant.streams: stream ended") == 1, log[-3000:]
 
 
 def long_answer_begun(client: ChatClient) -> tuple[Iterator[Event], list[Event]]:
