@@ -133,6 +133,19 @@ def stream_started(*, serving_path: str, engine: str) -> None:
     metrics.child(metrics.STREAMS_ACTIVE, serving_path, engine, server_name()).inc()
 
 
+@dataclass(slots=True)
+class _Ends:
+    """The answers ended and not yet observed (each with when it ended, ``time.time()``), and
+    the flush they wait for on the event loop they ended on."""
+
+    pending: list[tuple[AnswerSummary, float]] = field(default_factory=list)
+    loop: asyncio.AbstractEventLoop | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+_ends = _Ends()
+
+
 def stream_observe(summary: AnswerSummary) -> None:
     """Count, time and log an ended answer (called once, when it ends: after its last frame).
 
@@ -155,25 +168,13 @@ def stream_observe(summary: AnswerSummary) -> None:
     _ends.pending.append(ended)
 
 
-@dataclass(slots=True)
-class _Ends:
-    """The answers ended and not yet observed (each with when it ended, ``time.time()``), and
-    the flush they wait for on the event loop they ended on."""
-
-    pending: list[tuple[AnswerSummary, float]] = field(default_factory=list)
-    loop: asyncio.AbstractEventLoop | None = None
-    timer: asyncio.TimerHandle | None = None
-
-
-_ends = _Ends()
-
-
 def ends_flush() -> int:
     """Observe the ended answers waiting (``stream_observe``) now; how many there were. Also
     called as a worker stops (``assistant/lifespan.py``), after its last answers are stored."""
     timer, _ends.timer = _ends.timer, None
     if timer is not None and _ends.loop is not None and not _ends.loop.is_closed():
-        with contextlib.suppress(RuntimeError):  # on another thread than the loop's
+        # Cancelled on its own loop only: not from another one, nor with none running (a test).
+        with contextlib.suppress(RuntimeError):
             if asyncio.get_running_loop() is _ends.loop:
                 timer.cancel()
     ended, _ends.pending = _ends.pending, []
@@ -249,6 +250,7 @@ def stream_refused(
         outcome=Outcome.ENGINE_ERROR,
         error_code=reason,
         stages=_stages(timings),
+        at=time.time(),
     )
 
 
@@ -269,11 +271,11 @@ def stream_log(
     outcome: Outcome,
     error_code: str,
     stages: dict[str, Any],
-    at: float | None = None,
+    at: float,
 ) -> None:
     """Write the ``stream ended`` line of one stream, with its ``stages`` (``_stages``; see the
-    module docstring), timed ``at`` (``time.time()``; now if None). Never raises: it runs
-    while an answer closes."""
+    module docstring), timed ``at`` (``time.time()`` as it ended). Never raises: it runs while
+    an answer closes."""
     if not streams_log.isEnabledFor(logging.INFO):
         return
     try:
@@ -288,9 +290,6 @@ def stream_log(
             "error_code": error_code,
             **stages,
         }
-        if at is None:
-            streams_log.info("stream ended", extra=fields)
-        else:
-            streams_log.handle(record_at(streams_log, "stream ended", fields, at))
+        streams_log.handle(record_at(streams_log, "stream ended", fields, at))
     except Exception:
         streams_log.exception("Could not log the end of %s", request_id)

@@ -5,6 +5,7 @@ response."""
 
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -170,6 +171,7 @@ def test_a_refused_stream_writes_one_line_too(streams_log: list[logging.LogRecor
     timings = StreamTimings(received=now() - 0.01)
     timings.parsed = now()
     request_id = uuid.uuid4().hex
+    before = time.time()
     stream_refused(
         request_id=request_id,
         serving_path="django",
@@ -177,7 +179,8 @@ def test_a_refused_stream_writes_one_line_too(streams_log: list[logging.LogRecor
         reason="engine_busy",
         timings=timings,
     )
-    (record,) = streams_log
+    (record,) = streams_log  # at once: a refusal does not wait for others
+    assert before <= record.created <= time.time()
     fields = {name: getattr(record, name) for name in FIELDS - {"time", "level", "logger"}}
     assert record.getMessage() == fields.pop("message") == "stream ended"
     assert fields["request_id"] == request_id

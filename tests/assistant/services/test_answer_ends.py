@@ -59,7 +59,9 @@ def figures(path: str, engine: str = "scripted") -> dict[str, float]:
     }
 
 
-def summary(path: str, *, tokens: int, gap_s: float = 0.01) -> AnswerSummary:
+def summary(
+    path: str, *, tokens: int, gap_s: float = 0.01, engine: str = "scripted"
+) -> AnswerSummary:
     """An ``ok`` answer of ``tokens`` tokens ``gap_s`` apart, as its end summarises it."""
     timings = StreamTimings(received=100.0, first_token_sent=100.05, finished=101.0)
     timings.tokens, timings.gaps = tokens, [gap_s] * (tokens - 1)
@@ -68,7 +70,7 @@ def summary(path: str, *, tokens: int, gap_s: float = 0.01) -> AnswerSummary:
         owner_key="session:test",
         classroom_id=None,
         serving_path=path,
-        engine="scripted",
+        engine=engine,
         outcome=Outcome.OK,
         error_code="",
         conversation_id=uuid.uuid4(),
@@ -116,9 +118,10 @@ async def test_answers_that_ended_are_observed_at_the_flush_each_with_its_own_ti
 def test_each_metric_is_updated_once_for_a_batch_by_its_totals(
     held: None, streams_log: list[logging.LogRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = "django"
+    # An engine of the test's own: no other test's figures move.
+    path, engine = "django", "batched"
     server = server_name()
-    streams = metrics.child(metrics.STREAMS, path, "scripted", "ok", server)
+    streams = metrics.child(metrics.STREAMS, path, engine, "ok", server)
     incs: list[float] = []
     real = streams.inc
 
@@ -127,17 +130,17 @@ def test_each_metric_is_updated_once_for_a_batch_by_its_totals(
         real(amount)
 
     monkeypatch.setattr(streams, "inc", counted)
-    before = figures(path)
+    before = figures(path, engine)
 
     async def answers_end() -> None:
         for tokens in (2, 4, 5):
-            stream_observe(summary(path, tokens=tokens, gap_s=0.02))
+            stream_observe(summary(path, tokens=tokens, gap_s=0.02, engine=engine))
         assert not streams_log and not incs  # waiting for the flush
         assert ends_flush() == 3
 
     asyncio.run(answers_end())
     assert incs == [3]
-    moved = change(before, figures(path))
+    moved = change(before, figures(path, engine))
     assert (moved["streams"], moved["ttft"], moved["durations"]) == (3, 3, 3)
     assert (moved["gaps"], moved["tokens"]) == (1 + 3 + 4, 2 + 4 + 5)
     assert moved["gaps_sum"] == pytest.approx(8 * 0.02)
