@@ -23,9 +23,8 @@ from typing import Any
 
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from django.conf import settings
 
-from assistant import csrf, errors, http, internals
+from assistant import conf, csrf, errors, http, internals
 from assistant.errors import Rejected
 from assistant.scope_headers import scope_cookies
 from assistant.services.answer import Answer
@@ -110,7 +109,7 @@ class ChatStreamConsumer(AsyncHttpConsumer):
         raise StopConsumer()
 
     def body_limit(self) -> int:
-        return settings.CHATSITE_STREAM["MAX_BODY_BYTES"]
+        return conf.settings.CHATSITE_STREAM["MAX_BODY_BYTES"]
 
     def client_gone(self, answer: Answer) -> None:
         """The client left mid-answer: it goes on for the resume grace, in this task."""

@@ -19,14 +19,13 @@ import hmac
 from collections.abc import MutableMapping
 from typing import Any
 
-from django.conf import settings
 from django.middleware.csrf import (
     CSRF_ALLOWED_CHARS,
     CSRF_SECRET_LENGTH,
     CSRF_TOKEN_LENGTH,
 )
 
-from assistant import errors, http
+from assistant import conf, errors, http
 from assistant.scope_headers import scope_cookies, scope_meta
 
 #: Each character of a token and its place in ``CSRF_ALLOWED_CHARS`` (a masked token's key).
@@ -37,7 +36,7 @@ def csrf_passes(scope: MutableMapping[str, Any]) -> bool:
     """True when Django's CSRF check (``http.csrf_error``) passes this POST with a JSON body to
     a view it protects; False when it may not (the caller then asks it)."""
     meta = scope_meta(scope)
-    if settings.CSRF_USE_SESSIONS or not http.is_json(meta.get("CONTENT_TYPE")):
+    if conf.settings.CSRF_USE_SESSIONS or not http.is_json(meta.get("CONTENT_TYPE")):
         return False  # the secret is in the session, or a form's body may hold the token
     secure = http.scope_secure(scope)
     origin = meta.get("HTTP_ORIGIN")
@@ -50,8 +49,8 @@ def csrf_passes(scope: MutableMapping[str, Any]) -> bool:
             return False  # Django's get_host() would make one up, or refuse it
         if origin != f"{'https' if secure else 'http'}://{host}":
             return False  # another origin: Django looks at CSRF_TRUSTED_ORIGINS
-    secret = _secret(scope_cookies(scope).get(settings.CSRF_COOKIE_NAME))
-    token = _secret(meta.get(settings.CSRF_HEADER_NAME))
+    secret = _secret(scope_cookies(scope).get(conf.settings.CSRF_COOKIE_NAME))
+    token = _secret(meta.get(conf.settings.CSRF_HEADER_NAME))
     return secret is not None and token is not None and hmac.compare_digest(secret, token)
 
 

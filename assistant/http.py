@@ -16,7 +16,7 @@ from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.utils.csp import CSP, build_policy
 
-from assistant import errors, metrics
+from assistant import conf, errors, metrics
 from assistant.internals import CsrfCheck as _CsrfCheck
 from assistant.scope_headers import scope_meta
 from assistant.services.classrooms import CLASS_COOKIE
@@ -54,7 +54,7 @@ def preflight_error(scope: Any) -> tuple[errors.ApiError, list[tuple[bytes, byte
         return errors.UNSUPPORTED_MEDIA_TYPE, []
     if not host_allowed(scope):
         return errors.BAD_HOST, []
-    if declared_length(scope) > settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
+    if declared_length(scope) > conf.settings.CHATSITE_STREAM["MAX_BODY_BYTES"]:
         return errors.BODY_TOO_LARGE, []
     return None
 
@@ -83,7 +83,7 @@ def header_host(scope: Any) -> str | None:
     X-Forwarded-Host where trusted (``USE_X_FORWARDED_HOST``), else its Host; None when it has
     neither (Django then makes one up from the server's address)."""
     meta = scope_meta(scope)
-    host = meta.get("HTTP_X_FORWARDED_HOST") if settings.USE_X_FORWARDED_HOST else None
+    host = meta.get("HTTP_X_FORWARDED_HOST") if conf.settings.USE_X_FORWARDED_HOST else None
     return meta.get("HTTP_HOST") if host is None else host
 
 
@@ -108,7 +108,7 @@ def header(scope: Any, name: bytes) -> str | None:
 
 def session_key(cookies: Mapping[str, str]) -> str | None:
     """The session cookie of a request's ``cookies`` (``request.COOKIES``)."""
-    return cookies.get(settings.SESSION_COOKIE_NAME) or None
+    return cookies.get(conf.settings.SESSION_COOKIE_NAME) or None
 
 
 def class_hint(cookies: Mapping[str, str]) -> str | None:
@@ -177,7 +177,7 @@ setting_changed.connect(_forget_headers)
 
 def scope_secure(scope: Any) -> bool:
     """``HttpRequest.is_secure()`` of an ASGI scope (SECURE_PROXY_SSL_HEADER where set)."""
-    proxy_header = settings.SECURE_PROXY_SSL_HEADER
+    proxy_header = conf.settings.SECURE_PROXY_SSL_HEADER
     if proxy_header:
         meta_name, secure_value = proxy_header
         name = meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1")

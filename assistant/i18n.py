@@ -17,6 +17,7 @@ from django.http import HttpRequest
 from django.utils import translation
 from django.utils.functional import Promise
 
+from assistant import conf
 from assistant.scope_headers import scope_cookies, scope_meta
 
 #: The HTML ``lang`` of each language code (BCP 47 spells the script with a capital).
@@ -49,14 +50,14 @@ setting_changed.connect(_forget_languages)
 def scope_language(scope: MutableMapping[str, Any]) -> str:
     """The language code (one of ``settings.LANGUAGES``) for an ASGI request: what
     ``LocaleMiddleware`` would pick for the same request."""
-    cookie = scope_cookies(scope).get(settings.LANGUAGE_COOKIE_NAME)
+    cookie = scope_cookies(scope).get(conf.settings.LANGUAGE_COOKIE_NAME)
     return _language_of(cookie, scope_meta(scope).get("HTTP_ACCEPT_LANGUAGE", ""))
 
 
 @contextmanager
 def scope_translation(scope: MutableMapping[str, Any]) -> Iterator[str]:
     """Everything within speaks the request's language (errors, frames); yields its code."""
-    language = scope_language(scope) if settings.USE_I18N else settings.LANGUAGE_CODE
+    language = scope_language(scope) if conf.settings.USE_I18N else conf.settings.LANGUAGE_CODE
     with translation.override(language):
         yield language
 

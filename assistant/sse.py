@@ -7,7 +7,7 @@ is split into several ``data:`` lines, which a conforming parser joins back with
 
 import json
 import re
-from json.encoder import encode_basestring
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -49,12 +49,26 @@ def encode_event(
 
 #: Compact JSON, made once: ``json.dumps`` with options builds a new encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+#: ``_JSON.encode``'s C encoder, made once too (``encode`` makes one for every call): a
+#: payload is a fresh tree of dicts, lists and scalars, never circular.
+_C_JSON = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _JSON.default, encode_basestring, None, ":", ",", False, False, True)
+)
+
+
+def _json(payload: Any) -> str:
+    """``_JSON.encode(payload)``."""
+    if _C_JSON is None or isinstance(payload, str):
+        return _JSON.encode(payload)
+    return "".join(_C_JSON(payload, 0))
 
 
 def encode_json_event(payload: Any, *, event: str | None = None, id: str | None = None) -> bytes:
     """An event whose data is compact JSON (one line: JSON escapes every line break); without
     ``event``, a plain message (what OpenAI-style streams send)."""
-    return f"{_head(event, id, None)}data: {_JSON.encode(payload)}\n\n".encode()
+    return f"{_head(event, id, None)}data: {_json(payload)}\n\n".encode()
 
 
 def encode_token_event(text: str, token_id: int) -> bytes:

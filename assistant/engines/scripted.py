@@ -91,14 +91,15 @@ class ScriptedEngine(BaseEngine):
         tag = args.get("tag", "")
         tokens = tokens[: params.max_tokens]
 
-        self._record(
-            "start",
-            tag=tag,
-            messages=len(messages),
-            # What it was given, so a test can tell what reached the engine.
-            given=[[m.role, m.content] for m in messages],
-            params=asdict(params),
-        )
+        if self.events_file:  # what it was given, built only when it is written down
+            self._record(
+                "start",
+                tag=tag,
+                messages=len(messages),
+                # What it was given, so a test can tell what reached the engine.
+                given=[[m.role, m.content] for m in messages],
+                params=asdict(params),
+            )
         self.active += 1
         sent = 0
         try:

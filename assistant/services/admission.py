@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from django.conf import settings
 
-from assistant import errors
+from assistant import conf, errors
 from assistant.cache import in_process_cache
 from assistant.db import run_db
 from assistant.errors import Rejected
@@ -85,12 +85,12 @@ def _slot_ask(
 ) -> tuple[_SlotAsk, int]:
     """What a chat request's try for a slot asks of the store (its count against its owner's
     rate among it), and the seconds until the rate's window resets."""
-    limit, window_s = settings.CHATSITE_RATE_LIMITS["chat"]
+    limit, window_s = conf.settings.CHATSITE_RATE_LIMITS["chat"]
     if rate is not None:
         limit = rate
     window = rate_window(scope="chat", key=owner_key, window_s=window_s)
     ask = _SlotAsk(
-        limit=settings.CHATSITE_STREAM["STREAMS_PER_SESSION"],
+        limit=conf.settings.CHATSITE_STREAM["STREAMS_PER_SESSION"],
         ttl_s=SLOT_TTL_S,
         rate=RateCount(key=window.key, limit=limit, ttl_s=window.ttl_s),
         class_version=class_version,
@@ -164,7 +164,7 @@ async def chat_slot_release(*, owner_key: str, request_id: str) -> None:
     """``chat_release`` from the event loop: in place when the slots are this process's memory,
     by the loop's own Redis client where the server gave it one, else on a database thread. A
     failure is logged: the slot frees itself after ``SLOT_TTL_S``."""
-    if not settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
+    if not conf.settings.CHATSITE_STREAM["STREAMS_PER_SESSION"]:
         return  # no slots to give back: no trip to a thread
     try:
         if not await slot_store().release_on_loop(owner_key, request_id):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from assistant import conf
 from assistant.engines import BaseEngine, EngineError, EngineTimeout
 from assistant.models import StreamRecord
 from assistant.services import background
@@ -113,7 +114,7 @@ class Answer(AnswerEnd):
         )
         self.seat.give_up = self.give_up
         self.seat.unheard = lambda: self.buffer.abandoned
-        self.resumable = self.resumable and settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0
+        self.resumable = self.resumable and conf.settings.CHATSITE_STREAM["RESUME_GRACE_S"] > 0
         answer_register(self, resumable=self.resumable)
 
     @property
@@ -289,7 +290,7 @@ class Answer(AnswerEnd):
         failure (recorded, logged, an ``error`` frame); what delivering raises is not caught
         here (the transport's, and the answer is still stored by ``run``)."""
         frames, source, timings, deliver = self.frames, self.source, self.timings, self._deliver
-        config = settings.CHATSITE_STREAM
+        config = conf.settings.CHATSITE_STREAM
         first_limit, next_limit = config["FIRST_TOKEN_TIMEOUT"], config["TOKEN_TIMEOUT"]
         try:
             meta = self._meta()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from assistant import conf
 from assistant.services.frames import PING
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ class AnswerBuffer:
     #: that opened the answer is about to listen.
     abandoned: bool = False
     #: ``RESUME_MAX_BYTES`` when the answer began (read once, not at every frame).
-    max_bytes: int = field(default_factory=lambda: settings.CHATSITE_STREAM["RESUME_MAX_BYTES"])
+    max_bytes: int = field(
+        default_factory=lambda: conf.settings.CHATSITE_STREAM["RESUME_MAX_BYTES"]
+    )
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     #: Listeners waiting on ``_changed`` now: with none, a new frame wakes nobody.
     _waiting: int = 0

@@ -10,9 +10,7 @@ cancelled task included); ``_finish`` lets the listeners see the end.
 import logging
 from typing import TYPE_CHECKING
 
-from django.conf import settings
-
-from assistant import errors
+from assistant import conf, errors
 from assistant.engines import EngineError, EngineTimeout
 from assistant.models import StreamRecord
 from assistant.services import background
@@ -126,7 +124,7 @@ class AnswerEnd:
         self._task = None
         answer_ended(self)
         if self.resumable:
-            answer_keep(self, self.buffer.frames, settings.CHATSITE_STREAM["RESUME_KEEP_S"])
+            answer_keep(self, self.buffer.frames, conf.settings.CHATSITE_STREAM["RESUME_KEEP_S"])
 
     def _summary(self: "Answer") -> AnswerSummary:
         return AnswerSummary(

@@ -5,10 +5,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.utils.translation import gettext
 
-from assistant import errors
+from assistant import conf, errors
 from assistant.errors import Rejected
 from assistant.ids import ordered_uuid
 
@@ -63,7 +62,7 @@ def chat_turn_parse(body: bytes) -> ChatTurn:
         raise Rejected(errors.MESSAGE_MISSING)
     if _UNSTORABLE.search(message):
         raise Rejected(errors.MESSAGE_UNREADABLE)
-    limit = settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
+    limit = conf.settings.CHATSITE_STREAM["MAX_MESSAGE_CHARS"]
     if len(message) > limit:
         raise Rejected(
             errors.MESSAGE_TOO_LONG.with_message(

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from assistant import errors
+from assistant import conf, errors
 from assistant.engines import GenerationParams
 from assistant.errors import Rejected
 from assistant.models import ClassMember, Classroom
@@ -82,7 +82,7 @@ def system_prompt(context: ClassContext | None) -> str:
     """The system prompt answers start from: the class's persona, else the site's."""
     if context is not None and context.persona.strip():
         return context.persona
-    return settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
+    return conf.settings.CHATSITE_STREAM["SYSTEM_PROMPT"]
 
 
 def generation_for(base: GenerationParams, context: ClassContext | None) -> GenerationParams:
@@ -108,7 +108,7 @@ def chat_rate_for(context: ClassContext | None) -> int:
     """Questions a student may ask per minute."""
     if context is not None and context.chat_rate is not None:
         return context.chat_rate
-    return settings.CHATSITE_RATE_LIMITS["chat"][0]
+    return conf.settings.CHATSITE_RATE_LIMITS["chat"][0]
 
 
 #: This process's last read of each class, by id, for the early engine start's guess.

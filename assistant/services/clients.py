@@ -13,8 +13,9 @@ import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest
+
+from assistant import conf
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -48,7 +49,7 @@ def _normal(address: str) -> str | None:
 
 def client_address(peer: str | None, forwarded_for: str | None, real_ip: str | None) -> str:
     """The client's address from the connection's ``peer`` and the proxy headers it sent."""
-    trusted = tuple(settings.CHATSITE_CLIENTS["TRUSTED_PROXIES"])
+    trusted = tuple(conf.settings.CHATSITE_CLIENTS["TRUSTED_PROXIES"])
     return _client_address(peer, forwarded_for, real_ip, trusted)
 
 

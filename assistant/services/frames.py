@@ -9,10 +9,9 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 
-from django.conf import settings
 from django.utils.functional import Promise
 
-from assistant import sse
+from assistant import conf, sse
 
 OPEN = sse.encode_comment("open")
 PING = sse.encode_comment("ping")
@@ -136,4 +135,4 @@ class Heartbeat:
 
 
 def ping_interval() -> float:
-    return float(settings.CHATSITE_STREAM["PING_INTERVAL"])
+    return float(conf.settings.CHATSITE_STREAM["PING_INTERVAL"])

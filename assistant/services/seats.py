@@ -22,9 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from django.conf import settings
-
-from assistant import errors, metrics
+from assistant import conf, errors, metrics
 from assistant.engines import BaseEngine, EngineBusy
 from assistant.errors import Rejected
 
@@ -114,7 +112,7 @@ class Seating:
             self.seats,
             client,
             cap=self.engine.max_streams,
-            per_client=settings.CHATSITE_CLIENTS["STREAMS_PER_ADDRESS"],
+            per_client=conf.settings.CHATSITE_CLIENTS["STREAMS_PER_ADDRESS"],
             evict=evict,
         )
         if verdict.refuse == errors.ADDRESS_BUSY.code:

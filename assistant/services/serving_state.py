@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from assistant import conf
 from assistant.models import ServingState
 
 BUCKETS = 10_000
@@ -98,4 +99,4 @@ def split_from(state: ServingState) -> Split:
 
 def engine_alias_for(serving_path: str) -> str:
     """The engine alias that answers on ``serving_path``."""
-    return settings.CHATSITE_SERVING["ENGINES"][serving_path]
+    return conf.settings.CHATSITE_SERVING["ENGINES"][serving_path]

@@ -41,6 +41,10 @@ class StreamTimings:
     last_token_sent: float = 0.0
     tokens: int = 0
     gaps: list[float] = field(default_factory=list)
+    #: ``as_ms()`` of the finished stream: its done frame and its record read the same figures.
+    _finished_ms: dict[str, float | int | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def token_sent(self, at: float) -> None:
         if self.tokens == 0:
@@ -61,9 +65,12 @@ class StreamTimings:
         return round((end - start) * 1000, 3) if start and end else None
 
     def as_ms(self) -> dict[str, float | int | None]:
-        """Each stage in milliseconds since the request was received, plus derived figures."""
+        """Each stage in milliseconds since the request was received, plus derived figures;
+        worked out once when the stream has finished (nothing changes after that)."""
+        if self._finished_ms is not None:
+            return self._finished_ms
         gaps = self.gaps
-        return {
+        ms = {
             "parsed": self._since_received(self.parsed),
             "engine_submitted": self._since_received(self.engine_submitted),
             "engine_first_token": self._since_received(self.engine_first_delta),
@@ -77,3 +84,6 @@ class StreamTimings:
             "span": self._between(self.first_token_sent, self.last_token_sent),
             "tokens": self.tokens,
         }
+        if self.finished:
+            self._finished_ms = ms
+        return ms

@@ -61,6 +61,28 @@ def test_json_event_cannot_inject_a_new_event() -> None:
     assert json.loads(data.removeprefix("data: ")) == {"text": text}
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"finish_reason": "stop", "tokens": 2, "timings": {"parsed": 0.25, "span": None}},
+        {"光合作用": ["é", 1, 2.5, True, False, None, {"x": []}], "u": 'a\u2028b\x00"\\'},
+        [float("nan"), float("inf"), -0.0, 10**20],
+        "a plain string",
+        7,
+        None,
+    ],
+)
+def test_json_event_data_is_compact_json_dumps(payload: object) -> None:
+    """The data is what ``json.dumps`` writes with compact separators and UTF-8 text."""
+    dumped = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    assert sse.encode_json_event(payload, event="e") == f"event: e\ndata: {dumped}\n\n".encode()
+
+
+def test_json_event_refuses_what_json_cannot_write() -> None:
+    with pytest.raises(TypeError):
+        sse.encode_json_event({"a": {1, 2}})
+
+
 @pytest.mark.parametrize("field", ["event", "id"])
 def test_json_event_refuses_line_breaks_in_event_or_id(field: str) -> None:
     with pytest.raises(ValueError):
