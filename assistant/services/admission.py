@@ -10,7 +10,6 @@ Synchronous: call through ``assistant.db.run_db``.
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TypedDict
 
 from django.conf import settings
 
@@ -25,6 +24,7 @@ from assistant.services.stream_slots import (
     ClassVersion,
     RateCount,
     RedisSlots,
+    SlotAsk,
     SlotTry,
     slot_store,
     slots_in_process,
@@ -51,8 +51,8 @@ def chat_admit(
     ``Rejected``, 429 with Retry-After, when over it) and try to take a stream slot (when all
     are taken: ``chat_slot_wait``), in one step of the slot store (one round trip to Redis).
     ``class_version``: the asker's class as just read, kept for the event loop's admissions."""
-    ask, resets_in_s = _slot_ask(owner_key, rate, class_version)
-    return _within_rate(slot_store().take(owner_key, request_id, **ask), resets_in_s)
+    ask, resets_in_s = slot_ask(owner_key, rate, class_version)
+    return within_rate(slot_store().take(owner_key, request_id, **ask), resets_in_s)
 
 
 async def chat_admit_on_loop(
@@ -66,30 +66,23 @@ async def chat_admit_on_loop(
     """``chat_admit`` from the event loop, by its own client (``RedisSlots.take_on_loop``),
     with the class version this process holds to check; None, having counted nothing, where
     it is not Redis's or the loop could not ask: ``chat_admit`` on a thread then."""
-    ask, resets_in_s = _slot_ask(owner_key, rate, class_version)
+    ask, resets_in_s = slot_ask(owner_key, rate, class_version)
     tried = await store.take_on_loop(owner_key, request_id, **ask)
     if tried is None or tried is STALE_CLASS:
         return None
-    return _within_rate(tried, resets_in_s)
+    return within_rate(tried, resets_in_s)
 
 
-class _SlotAsk(TypedDict):
-    limit: int
-    ttl_s: float
-    rate: RateCount
-    class_version: ClassVersion | None
-
-
-def _slot_ask(
+def slot_ask(
     owner_key: str, rate: int | None, class_version: ClassVersion | None
-) -> tuple[_SlotAsk, int]:
+) -> tuple[SlotAsk, int]:
     """What a chat request's try for a slot asks of the store (its count against its owner's
     rate among it), and the seconds until the rate's window resets."""
     limit, window_s = conf.settings.CHATSITE_RATE_LIMITS["chat"]
     if rate is not None:
         limit = rate
     window = rate_window(scope="chat", key=owner_key, window_s=window_s)
-    ask = _SlotAsk(
+    ask = SlotAsk(
         limit=conf.settings.CHATSITE_STREAM["STREAMS_PER_SESSION"],
         ttl_s=SLOT_TTL_S,
         rate=RateCount(key=window.key, limit=limit, ttl_s=window.ttl_s),
@@ -98,7 +91,7 @@ def _slot_ask(
     return ask, window.resets_in_s
 
 
-def _within_rate(tried: SlotTry, resets_in_s: int) -> SlotTry:
+def within_rate(tried: SlotTry, resets_in_s: int) -> SlotTry:
     if tried.over_rate:
         raise Rejected(errors.RATE_LIMITED, retry_after=resets_in_s)
     return tried

@@ -177,23 +177,51 @@ def identity_on_loop(session_key: str) -> Coroutine[Any, Any, Identity | None] |
     (a session the cache has not got, a logged-in user, a class not read in this process, Redis
     did not answer). The class is this process's last read of it (``classrooms.class_guess``),
     which the caller checks is still the stored one (``services/class_versions.py``)."""
+    found = session_on_loop(session_key)
+    return None if found is None else identity_read(found)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOnLoop:
+    """A session the event loop's own client may read: the client, the Redis it is in, its key
+    there, and what its stored value says of its asker (``identity_stored``)."""
+
+    commands: LoopCommands
+    url: str
+    key: str
+    session_key: str
+    loads: Callable[[bytes], Any]
+
+
+def session_on_loop(session_key: str) -> SessionOnLoop | None:
+    """Where the loop's own client reads the session of ``session_key``; None where it cannot
+    (the sessions are not in one Redis, the running loop has no client, an invalid key)."""
     found = _sessions_in_redis()
     if found is None or len(session_key) < 8:
         return None
     commands = loop_redis_commands(found.url)
     if commands is None:
         return None
-    return _identity_read(commands, found, session_key)
+    key = found.make_key(found.prefix + session_key)
+    return SessionOnLoop(commands, found.url, key, session_key, found.loads)
 
 
-async def _identity_read(
-    commands: LoopCommands, sessions: "_RedisSessions", session_key: str
-) -> Identity | None:
+async def identity_read(session: SessionOnLoop) -> Identity | None:
+    """``identity_stored`` of the session as the loop's client reads it now."""
     try:
-        raw = await commands.send("GET", sessions.make_key(sessions.prefix + session_key))
-        data = None if raw is None else sessions.loads(raw)
+        raw = await session.commands.send("GET", session.key)
     except Exception:
         return None  # the thread's read answers (or fails) as it always has
+    return identity_stored(session, raw)
+
+
+def identity_stored(session: SessionOnLoop, raw: bytes | None) -> Identity | None:
+    """The identity a session's stored value (``raw``; None: not stored) says, where it needs
+    nothing else; None where a thread must tell (see ``identity_on_loop``)."""
+    try:
+        data = None if raw is None else session.loads(raw)
+    except Exception:
+        return None
     if not isinstance(data, dict) or SESSION_KEY in data:
         return None  # no session in the cache, or a user (whose auth hash is checked there)
     classroom = None
@@ -202,7 +230,7 @@ async def _identity_read(
         _, classroom = class_guess(str(class_id))
         if classroom is None:
             return None
-    return Identity(owner_key=owner_key_for(None, session_key), classroom=classroom)
+    return Identity(owner_key=owner_key_for(None, session.session_key), classroom=classroom)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,17 @@ read by the loop's own PostgreSQL connection (``assistant/loop_postgres.py``).
 On a thread (``services/answer_start.py: _page_admitted``) a question costs three round trips:
 the session from Redis, the class's row from the database, the script that counts the rate and
 takes the slot; a continued conversation two more, its owner checked and its history read. Here
-a new conversation costs two, each a command in the loop's next batch: the session, then the
-script; a continued one a read in the loop's next PostgreSQL batch as well (its owner and history
-in one query), sent beside the session's read where the page said what it showed of the class
-(``_Beside``: for the owner the session key names, in that class, the only asker admitted here;
-used once the session says so), else after it. The class is this process's last read of it
-(``classrooms.class_guess``), good only when its version is still the one Redis holds, which the
-script checks before it counts anything (``services/class_versions.py``).
+a new conversation costs one where the page said what it showed of the class (``_Guess``): the
+script that counts and takes, made for the only asker admitted here, the anonymous owner the
+session key names, in the class the page showed, reads the session too
+(``slot_scripts.TAKE_SEEN``), and is undone (``GIVE_BACK``) where the session names someone
+else. Where the page did not say, or showed a class not read here, it costs two: the session,
+then the script. A continued one costs a read in the loop's next PostgreSQL batch as well (its
+owner and history in one query), sent beside the session's read where the page said what it
+showed (``_Beside``, for the same asker; used once the session says so), else after it. The
+class is this process's last read of it (``classrooms.class_guess``), good only when its version
+is still the one Redis holds, which the script checks before it counts anything
+(``services/class_versions.py``).
 
 Only what needs nothing else is admitted here: an anonymous session found in the cache, of no
 class or of a class read here before that is open and the one the page showed, asking in a new
@@ -24,6 +28,7 @@ refusals; so is everything where the loop has no client (Daphne, the local profi
 PostgreSQL failed to answer.
 """
 
+import logging
 import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -34,15 +39,29 @@ from django.conf import settings
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.loop_postgres import loop_reads
-from assistant.services.admission import chat_admit_on_loop
+from assistant.services.admission import chat_admit_on_loop, slot_ask, within_rate
 from assistant.services.answer_open import Admitted
 from assistant.services.chat_request import ClassShown
 from assistant.services.class_versions import class_version
-from assistant.services.classrooms import ClassContext, chat_rate_for, class_shown_check
+from assistant.services.classrooms import (
+    ClassContext,
+    chat_rate_for,
+    class_guess,
+    class_shown_check,
+)
 from assistant.services.conversations import history_on_loop
-from assistant.services.identity import Identity, identity_on_loop, owner_key_for
-from assistant.services.stream_slots import RedisSlots, slot_store
+from assistant.services.identity import (
+    Identity,
+    SessionOnLoop,
+    identity_read,
+    identity_stored,
+    owner_key_for,
+    session_on_loop,
+)
+from assistant.services.stream_slots import STALE_CLASS, RateCount, RedisSlots, SeenTry, slot_store
 from assistant.services.table_rows import Row
+
+logger = logging.getLogger(__name__)
 
 
 def page_admission_on_loop(
@@ -65,9 +84,10 @@ def page_admission_on_loop(
     store = slot_store()
     if not isinstance(store, RedisSlots):
         return None
-    reading = identity_on_loop(session_key)
-    if reading is None:
+    session = session_on_loop(session_key)
+    if session is None:
         return None
+    guess = _guess(store, session, shown, request_id)
     beside: _Beside | None = None
     if conversation_id is not None and shown is not None:
         # Its history read beside the session, for whom the session will name if the loop is
@@ -76,6 +96,9 @@ def page_admission_on_loop(
         owner_key = owner_key_for(None, session_key)
         sent = _history(owner_key, shown[0], conversation_id, held)
         beside = None if sent is None else _Beside(owner_key, shown[0], sent)
+    if guess is not None:
+        return _admitted_as_guessed(guess, store, session, conversation_id, held, beside)
+    reading = identity_read(session)
     return _admitted(reading, store, conversation_id, shown, request_id, held, beside)
 
 
@@ -89,6 +112,82 @@ class _Beside:
 
     def for_(self, identity: Identity) -> bool:
         return (identity.owner_key, identity.classroom_id) == (self.owner_key, self.classroom_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Guess:
+    """A try for a slot sent with the session's read (``RedisSlots.take_seen_on_loop``), for the
+    asker the page's question names if the session bears it out: the anonymous owner of its
+    key, in the class the page showed."""
+
+    owner_key: str
+    classroom: ClassContext | None
+    request_id: str
+    rate: RateCount
+    resets_in_s: int
+    sent: Coroutine[Any, Any, SeenTry | None]
+
+
+def _guess(
+    store: RedisSlots, session: SessionOnLoop, shown: ClassShown, request_id: str
+) -> _Guess | None:
+    """The try for the asker the page names, where it can be made with the session's read: the
+    page said what it showed, that class (or none) was read here, is open and is as shown, and
+    the session is in the slots' Redis. None: the session is read first."""
+    if shown is None or session.url != store.url:
+        return None
+    known, classroom = class_guess(None if shown[0] is None else str(shown[0]))
+    if not known or (classroom is not None and classroom.paused) or not _shown(shown, classroom):
+        return None
+    owner_key = owner_key_for(None, session.session_key)
+    ask, resets_in_s = slot_ask(
+        owner_key, chat_rate_for(classroom), class_version(classroom, check=True)
+    )
+    sent = store.take_seen_on_loop(session.key, owner_key, request_id, **ask)
+    return _Guess(owner_key, classroom, request_id, ask["rate"], resets_in_s, sent)
+
+
+async def _admitted_as_guessed(
+    guess: _Guess,
+    store: RedisSlots,
+    session: SessionOnLoop,
+    conversation_id: uuid.UUID | None,
+    held: Sequence[Row],
+    beside: _Beside | None,
+) -> Admitted | None:
+    """The guessed asker admitted, if the session names them; else their try undone (the
+    thread admits whoever it is)."""
+    counted = False
+    try:
+        seen = await guess.sent
+        if seen is None or seen.tried is None or seen.tried is STALE_CLASS:
+            return None  # nothing counted (or Redis failed): the thread's
+        counted = True
+        identity = identity_stored(session, seen.session)
+        if identity is None or (identity.owner_key, identity.classroom_id) != (
+            guess.owner_key,
+            None if guess.classroom is None else guess.classroom.id,
+        ):
+            return None
+        identity = Identity(guess.owner_key, guess.classroom)  # as the script checked it
+        history = await _history_for(identity, conversation_id, held, beside)
+        if history is None:
+            return None  # the thread reads it, and refuses a conversation not theirs
+        counted = False  # theirs: over the rate, the count stands as on the thread
+        return identity, within_rate(seen.tried, guess.resets_in_s), history
+    finally:
+        if beside is not None:
+            beside.reading.close()  # unused: dropped (used: already done)
+        if counted:
+            await _given_back(store, guess)
+
+
+async def _given_back(store: RedisSlots, guess: _Guess) -> None:
+    try:
+        await store.give_back_on_loop(guess.owner_key, guess.request_id, guess.rate)
+    except Exception:
+        # The slot frees itself after its time to live, the count with its window.
+        logger.exception("Could not undo the try for a slot of %s", guess.request_id)
 
 
 async def _admitted(
@@ -107,19 +206,12 @@ async def _admitted(
         classroom = identity.classroom
         if (classroom is not None and classroom.paused) or not _shown(shown, classroom):
             return None  # the thread reads it again, and refuses if it still must
-        history: list[ChatMessage] = []
-        if conversation_id is not None:
-            if beside is not None and beside.for_(identity):
-                asked, beside = beside.reading, None
-            else:
-                asked = _history(identity.owner_key, identity.classroom_id, conversation_id, held)
-            found = None if asked is None else await asked
-            if found is None:
-                return None  # the thread reads it, and refuses a conversation not theirs
-            history = found
+        history = await _history_for(identity, conversation_id, held, beside)
+        if history is None:
+            return None  # the thread reads it, and refuses a conversation not theirs
     finally:
         if beside is not None:
-            beside.reading.close()  # not for this asker: dropped
+            beside.reading.close()  # unused: dropped (used: already done)
     tried = await chat_admit_on_loop(
         store,
         owner_key=identity.owner_key,
@@ -128,6 +220,24 @@ async def _admitted(
         class_version=class_version(classroom, check=True),
     )
     return None if tried is None else (identity, tried, history)
+
+
+async def _history_for(
+    identity: Identity,
+    conversation_id: uuid.UUID | None,
+    held: Sequence[Row],
+    beside: _Beside | None,
+) -> list[ChatMessage] | None:
+    """The asker's history of a continued conversation (none for a new one): the read sent
+    beside the session's where it was for them, else one sent now; None where the loop could
+    not tell (not theirs, or the read failed)."""
+    if conversation_id is None:
+        return []
+    if beside is not None and beside.for_(identity):
+        asked = beside.reading
+    else:
+        asked = _history(identity.owner_key, identity.classroom_id, conversation_id, held)
+    return None if asked is None else await asked
 
 
 def _history(

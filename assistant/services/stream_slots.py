@@ -27,16 +27,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.base import default_key_func
 from django.core.cache.backends.redis import RedisCache
 
-from assistant.cache import count_lua
 from assistant.loop_redis import loop_redis_commands
+from assistant.services import slot_scripts
 from assistant.services.ratelimit import counter_hit
+from assistant.services.slot_scripts import script_on_loop
 
 #: How many holders a refusal lists (an answer among them may be taken over).
 HOLDERS_SHOWN = 16
@@ -79,10 +80,30 @@ class ClassVersion:
     check: bool
 
 
+class SlotAsk(TypedDict):
+    """What a question's try for a slot from the event loop asks (``RedisSlots.take_on_loop``):
+    the owner's slots, their time to live, its count against its rate, its class's version."""
+
+    limit: int
+    ttl_s: float
+    rate: RateCount
+    class_version: ClassVersion | None
+
+
 #: What a try over its rate found.
 OVER_RATE = SlotTry(taken=False, over_rate=True)
 #: What a try found whose ``ClassVersion`` to check is not Redis's: nothing counted or taken.
 STALE_CLASS = SlotTry(taken=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SeenTry:
+    """A try for a slot made with the read of the asker's session, in one script
+    (``RedisSlots.take_seen_on_loop``): the session's stored value, and what the try found;
+    both None when the session is not stored (nothing was tried)."""
+
+    session: bytes | None
+    tried: SlotTry | None
 
 
 class SlotStore(Protocol):
@@ -186,70 +207,6 @@ class MemorySlots:
             return True
 
 
-# Now, in ms: ARGV[1] when given (tests), else Redis's own clock, so that every worker's slots
-# expire on one clock whatever the skew between the workers' hosts.
-_NOW = """
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-"""
-# KEYS[1]: the student's set; KEYS[2], if given: the rate's count, counted first (as
-# SharedRedisCache.count_hit counts); KEYS[3], if given (with KEYS[2]): the class's version.
-# ARGV: now (ms) or "", ttl (ms), limit (0: no cap, nothing held), request id, holders shown,
-# the rate's limit, the rate's count's time to live (ms); the class's version, "check" or
-# "keep", the version's time to live (ms).
-_TAKE = (
-    """
-if KEYS[3] then
-  if ARGV[9] == 'check' then
-    if redis.call('GET', KEYS[3]) ~= ARGV[8] then
-      return {-2}
-    end
-  else
-    redis.call('SET', KEYS[3], ARGV[8], 'NX', 'PX', tonumber(ARGV[10]))
-  end
-end
-"""
-    + "if KEYS[2] then\n"
-    + count_lua("KEYS[2]", "ARGV[7]")
-    + """
-  if count > tonumber(ARGV[6]) then
-    return {-1}
-  end
-end
-if tonumber(ARGV[3]) == 0 then
-  return {1}
-end
-"""
-    + _NOW
-    + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local ttl = tonumber(ARGV[2])
-if redis.call('ZSCORE', KEYS[1], ARGV[4]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1}
-end
-return {0, redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[5]) - 1)}
-"""
-)
-# KEYS[1]: the student's set. ARGV: now (ms) or "", ttl (ms), the holder, the new request id.
-_HAND_OVER = (
-    _NOW
-    + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZREM', KEYS[1], ARGV[3]) == 0 then
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-return 1
-"""
-)
-
-
 def _found(found: list[Any]) -> SlotTry:
     """The take script's reply as a ``SlotTry``."""
     if found[0] == 1:
@@ -281,8 +238,15 @@ class RedisSlots:
         self._url = url
         self._prefix = prefix
         self._count_key = count_key or (lambda key: default_key_func(key, prefix, 1))
-        self._take = self._client.register_script(_TAKE)
-        self._hand_over = self._client.register_script(_HAND_OVER)
+        self._take = self._client.register_script(slot_scripts.TAKE)
+        self._take_seen = self._client.register_script(slot_scripts.TAKE_SEEN)
+        self._give_back = self._client.register_script(slot_scripts.GIVE_BACK)
+        self._hand_over = self._client.register_script(slot_scripts.HAND_OVER)
+
+    @property
+    def url(self) -> str:
+        """The Redis the slots are kept in."""
+        return self._url
 
     def _key(self, owner_key: str) -> str:
         return f"{self._prefix}:chat:slots:{owner_key}"
@@ -302,27 +266,58 @@ class RedisSlots:
         return _found(self._take(keys=keys, args=args))
 
     async def take_on_loop(
-        self,
-        owner_key: str,
-        request_id: str,
-        *,
-        limit: int,
-        ttl_s: float,
-        rate: RateCount,
-        class_version: ClassVersion | None,
+        self, owner_key: str, request_id: str, **ask: Unpack[SlotAsk]
     ) -> SlotTry | None:
         """``take`` by the event loop's own client, in its batch; None where the loop has none,
-        or the command failed (Redis's script cache emptied, the connection): ``take`` on a
-        thread then, which sees the same and answers as it always has."""
+        or the command failed (the connection, Redis): ``take`` on a thread then, which sees the
+        same and answers as it always has."""
+        found = await self._take_by_loop(self._take, [], owner_key, request_id, ask)
+        return None if found is None else _found(found)
+
+    async def take_seen_on_loop(
+        self, session: str, owner_key: str, request_id: str, **ask: Unpack[SlotAsk]
+    ) -> SeenTry | None:
+        """``take_on_loop`` with the read of the Redis key ``session`` (the asker's session,
+        which must be in this Redis), in one script: the try is made only where the session is
+        stored. None where the loop has no client or the command failed. A try the session
+        does not bear out is undone with ``give_back_on_loop``."""
+        found = await self._take_by_loop(self._take_seen, [session], owner_key, request_id, ask)
+        if found is None:
+            return None
+        if found[0] == -3:
+            return SeenTry(session=None, tried=None)
+        return SeenTry(session=found[0], tried=_found(found[1]))
+
+    async def _take_by_loop(
+        self, script: Any, before: list[str], owner_key: str, request_id: str, ask: SlotAsk
+    ) -> Any:
+        """A take ``script``'s reply by the loop's client, ``before`` its keys; None where the
+        loop has no client or the command failed."""
         commands = loop_redis_commands(self._url)
         if commands is None:
             return None
-        keys, args = self._take_call(owner_key, request_id, limit, ttl_s, None, rate, class_version)
+        keys, args = self._take_call(
+            owner_key,
+            request_id,
+            ask["limit"],
+            ask["ttl_s"],
+            None,
+            ask["rate"],
+            ask["class_version"],
+        )
         try:
-            found = await commands.send("EVALSHA", self._take.sha, len(keys), *keys, *args)
+            return await script_on_loop(commands, script, [*before, *keys], args)
         except Exception:
             return None
-        return _found(found)
+
+    async def give_back_on_loop(self, owner_key: str, request_id: str, rate: RateCount) -> None:
+        """Undo a try the asker's session did not bear out (``take_seen_on_loop``): its slot
+        given back, its count taken off. Raises where the loop has no client or Redis failed."""
+        commands = loop_redis_commands(self._url)
+        if commands is None:
+            raise RuntimeError("this loop has no Redis client of its own")
+        keys = [self._key(owner_key), self._count_key(rate.key)]
+        await script_on_loop(commands, self._give_back, keys, [request_id])
 
     def _take_call(
         self,

@@ -233,26 +233,37 @@ async def test_what_the_loop_cannot_tell_goes_to_a_thread(
     assert rate_counts(raw, redis_prefix) == 0
 
 
+@pytest.mark.parametrize("shown", [None, (None, False)], ids=["read-first", "shown"])
 async def test_over_the_rate_on_the_loop_is_429(
-    slots: RedisSlots, server_loop: None, hops: list[str], settings: Any
+    slots: RedisSlots, server_loop: None, hops: list[str], settings: Any, shown: Any
 ) -> None:
     settings.CHATSITE_RATE_LIMITS = {**settings.CHATSITE_RATE_LIMITS, "chat": (1, 60)}
     key = await run_db(a_session)
-    identity, _, _ = await admission(key, turn(), "r1")
+    asked = ChatTurn(message="hi", conversation_id=None, shown=shown)
+    identity, _, _ = await admission(key, asked, "r1")
     await slots_give_back(slots, identity.owner_key, "r1")
     with pytest.raises(Rejected) as refused:
-        await admission(key, turn(), "r2")
+        await admission(key, asked, "r2")
     assert refused.value.error is errors.RATE_LIMITED and refused.value.retry_after
     assert hops == []
 
 
-async def test_a_redis_that_forgot_the_script_is_asked_from_a_thread(
-    slots: RedisSlots, server_loop: None, hops: list[str], raw: redis.Redis
+@pytest.mark.parametrize("shown", [None, (None, False)], ids=["read-first", "shown"])
+async def test_a_redis_that_forgot_the_scripts_is_sent_them_by_the_loop(
+    slots: RedisSlots, server_loop: None, hops: list[str], raw: redis.Redis, shown: Any
 ) -> None:
+    """Its text sent once where Redis has not got it (it restarted, or its scripts were
+    flushed), then its digest again; a page that did not say what it showed is read first."""
     key = await run_db(a_session)
     raw.script_flush()
-    _, slot, _ = await admission(key, turn(), "r1")
-    assert slot.taken and hops == ["_page_admitted"]
+    asked = ChatTurn(message="hi", conversation_id=None, shown=shown)
+    identity, slot, _ = await admission(key, asked, "r1")
+    assert slot.taken and hops == []
+    await slots_give_back(slots, identity.owner_key, "r1")
+    commands = loop_redis._state.clients[REDIS_URL]
+    before = commands.commands
+    assert (await admission(key, asked, "r2"))[1].taken
+    assert commands.commands - before == (2 if shown is None else 1)
 
 
 async def test_a_loop_that_is_not_a_servers_admits_on_a_thread(
