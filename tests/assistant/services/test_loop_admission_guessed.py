@@ -191,3 +191,17 @@ async def test_an_undone_try_takes_its_count_off_and_leaves_no_count_without_exp
     assert not raw.exists(count_key)
     await slots.give_back_on_loop(owner, "r3", rate)  # a count that has lapsed: none made
     assert not raw.exists(count_key)
+
+
+async def test_all_slots_taken_as_guessed_names_their_holders(
+    slots: RedisSlots, server_loop: None, hops: list[str], raw: redis.Redis, redis_prefix: str
+) -> None:
+    """The slot's script's answer inside the session's (``{session, {0, holders}}``): the
+    question is counted and told who holds the slot, as on the thread."""
+    key = await run_db(a_session)
+    first, _, _ = await admission(key, no_class_shown(), "r1")  # r1 keeps its slot
+    before = loop_commands()[1]
+    again, slot, _ = await admission(key, no_class_shown(), "r2")
+    assert (again, slot.taken, slot.holders, slot.over_rate) == (first, False, ("r1",), False)
+    assert (loop_commands()[1] - before, hops) == (1, [])
+    assert rate_counts(raw, redis_prefix) == 2
