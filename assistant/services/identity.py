@@ -6,7 +6,7 @@ store and ``get_user`` (which checks the session's auth hash), in one trip to a 
 Where the sessions' cache is this process's memory, an anonymous session found in it, and of no
 class, is known on the event loop without that trip (``identity_in_memory``); where it is Redis
 and the event loop has a client of its own, an anonymous session found in it is read by that
-client (``identity_on_loop``).
+client (``session_on_loop``, ``identity_read``, ``identity_stored``).
 
 Sessions are issued by the page (``session_issue``), a limited number per client address and
 minute. Nothing else creates one: a stream without a live session is refused
@@ -21,7 +21,7 @@ import functools
 import hashlib
 import hmac
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -170,17 +170,6 @@ def _sessions_in_memory() -> tuple[str, LocMemCache] | None:
     return prefix, sessions
 
 
-def identity_on_loop(session_key: str) -> Coroutine[Any, Any, Identity | None] | None:
-    """``identity_resolve``'s answer read by the event loop's own Redis client
-    (``assistant/loop_redis.py``), where the session store keeps its sessions in Redis and the
-    loop has a client; None where it cannot be tried. The coroutine's None: a thread must tell
-    (a session the cache has not got, a logged-in user, a class not read in this process, Redis
-    did not answer). The class is this process's last read of it (``classrooms.class_guess``),
-    which the caller checks is still the stored one (``services/class_versions.py``)."""
-    found = session_on_loop(session_key)
-    return None if found is None else identity_read(found)
-
-
 @dataclass(frozen=True, slots=True)
 class SessionOnLoop:
     """A session the event loop's own client may read: the client, the Redis it is in, its key
@@ -194,8 +183,9 @@ class SessionOnLoop:
 
 
 def session_on_loop(session_key: str) -> SessionOnLoop | None:
-    """Where the loop's own client reads the session of ``session_key``; None where it cannot
-    (the sessions are not in one Redis, the running loop has no client, an invalid key)."""
+    """Where the event loop's own Redis client (``assistant/loop_redis.py``) reads the session
+    of ``session_key``; None where it cannot (the sessions are not in one Redis, the running
+    loop has no client, an invalid key): ``identity_resolve`` on a thread then."""
     found = _sessions_in_redis()
     if found is None or len(session_key) < 8:
         return None
@@ -216,8 +206,11 @@ async def identity_read(session: SessionOnLoop) -> Identity | None:
 
 
 def identity_stored(session: SessionOnLoop, raw: bytes | None) -> Identity | None:
-    """The identity a session's stored value (``raw``; None: not stored) says, where it needs
-    nothing else; None where a thread must tell (see ``identity_on_loop``)."""
+    """``identity_resolve``'s answer from a session's stored value (``raw``; None: not stored),
+    where it needs nothing else; None where a thread must tell (a session the cache has not
+    got, a logged-in user, a class not read in this process). The class is this process's last
+    read of it (``classrooms.class_guess``), which the caller checks is still the stored one
+    (``services/class_versions.py``)."""
     try:
         data = None if raw is None else session.loads(raw)
     except Exception:

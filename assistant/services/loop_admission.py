@@ -34,8 +34,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
-
+from assistant import conf
 from assistant.engines import ChatMessage
 from assistant.errors import Rejected
 from assistant.loop_postgres import loop_reads
@@ -251,7 +250,7 @@ def _history(
         owner_key=owner_key,
         classroom_id=classroom_id,
         conversation_id=conversation_id,
-        limit=settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
+        limit=conf.settings.CHATSITE_STREAM["HISTORY_MESSAGES"],
         held=held,
     )
 
