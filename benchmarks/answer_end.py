@@ -17,6 +17,11 @@ Two pieces of every answer's end, each beside the way it was done before:
   work follows (its backend process's, from ``/proc``, in steps of the kernel's clock tick),
   then the write-ahead log it wrote per exchange (every row and index entry goes there first).
   Rounds alternate between the ways.
+* **The batch handed over** (``--handed-over``, PostgreSQL only): the writer's batches as a
+  worker's writer runs them, handed from an event loop to the database thread
+  (``run_db_write(rows_write, ...)``: the hand-over and Django's connection from its pool and
+  back included), each exchange a new conversation in a class (whose check is part of the
+  batch); the process's CPU per exchange, every thread's.
 * **The rows' making**: what ``exchange_rows`` costs per exchange on the thread that makes
   them, the event loop's in a worker (the rows' values, ids and timings included).
 * **The inter-token histogram**: an answer's gaps (``--gaps``) observed in one update
@@ -24,7 +29,7 @@ Two pieces of every answer's end, each beside the way it was done before:
   and in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as the production workers run).
 
     python benchmarks/answer_end.py [--batch 1 3 10] [--batches 1000] [--rounds 4]
-                                    [--gaps 19 39 99] [--postgres URL]
+                                    [--gaps 19 39 99] [--postgres URL] [--handed-over]
 
 Medians of the rounds, the rounds' spread in brackets.
 """
@@ -170,14 +175,14 @@ def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | Non
     """The writing thread's CPU per exchange (µs) over ``batches`` batches of ``batch``
     exchanges, written ``way``, the database server's (None: SQLite, in the thread's), and the
     bytes of write-ahead log per exchange (None: SQLite)."""
-    from assistant.services import persistence
+    from assistant.services import persistence, table_writes
 
     insert, one_statement, new_id = WAYS[way]
     made = [[rows for _ in range(batch) for rows in exchange_rows(new_id)] for _ in range(batches)]
     with contextlib.ExitStack() as undo:
         if insert is not None:
-            undo.callback(setattr, persistence, "insert_many", persistence.insert_many)
-            persistence.insert_many = insert
+            undo.callback(setattr, table_writes, "insert_many", table_writes.insert_many)
+            table_writes.insert_many = insert
         if not one_statement:
             undo.callback(setattr, persistence, "batch_statement", persistence.batch_statement)
             persistence.batch_statement = lambda tables, connection: None
@@ -192,6 +197,43 @@ def writer_round(batch: int, batches: int, way: str) -> tuple[float, float | Non
         if wal is not None:
             wal = (wal_position() - wal) / exchanges  # type: ignore[operator]
     return cpu / exchanges * 1e6, server, wal
+
+
+def handed_over_round(batch: int, batches: int, classroom_id: uuid.UUID) -> float:
+    """The process's CPU (every thread's) per exchange over ``batches`` batches of ``batch``
+    exchanges handed from an event loop to the database thread, one after the other, as the
+    group writer hands them."""
+    import asyncio
+
+    from assistant.db import run_db_write
+    from assistant.services import persistence
+
+    made = [[rows for _ in range(batch) for rows in exchange_rows()] for _ in range(batches)]
+    for rows in made:
+        for conversation in (c for r in rows for c in r.conversations):
+            conversation["classroom_id"] = classroom_id
+
+    async def written() -> float:
+        cpu = time.process_time()
+        for rows in made:
+            await run_db_write(persistence.rows_write, rows)
+        return time.process_time() - cpu
+
+    return asyncio.run(written()) / (batch * batches) * 1e6
+
+
+def handed_over(args: argparse.Namespace) -> None:
+    from assistant.models import Classroom
+
+    classroom = Classroom.objects.create(name="benchmark", join_code="BENCH1")
+    for batch in args.batch:
+        handed_over_round(batch, 5, classroom.id)  # warm up: the thread's connection
+        rounds = max(1, args.batches // batch)
+        values = [handed_over_round(batch, rounds, classroom.id) for _ in range(args.rounds)]
+        print(
+            f"handed over to a thread: {spread(values)} us of CPU per exchange, batches of {batch}",
+            flush=True,
+        )
 
 
 def rows_made(rounds: int, exchanges: int = 5000) -> str:
@@ -217,6 +259,9 @@ def writer(args: argparse.Namespace) -> None:
     django.setup()
     call_command("migrate", verbosity=0)
     kind = connection.vendor
+    if args.handed_over:
+        handed_over(args)
+        return
     print(f"rows made: {rows_made(args.rounds)} us of CPU per exchange", flush=True)
     ways = list(WAYS) if kind == "postgresql" else SQLITE_WAYS
     for batch in args.batch:
@@ -290,6 +335,7 @@ def part(name: str, args: argparse.Namespace, env: dict[str, str]) -> None:
     command = [sys.executable, __file__, "--part", name, "--batch", *map(str, args.batch)]
     command += ["--batches", str(args.batches), "--rounds", str(args.rounds), "--gaps"]
     command += [str(g) for g in args.gaps]
+    command += ["--handed-over"] if args.handed_over else []
     base = {
         k: v
         for k, v in os.environ.items()
@@ -312,6 +358,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--gaps", type=int, nargs="+", default=[19, 39, 99])
     parser.add_argument("--postgres", default=POSTGRES)
+    parser.add_argument(
+        "--handed-over",
+        action="store_true",
+        help="only the batch handed over to the writer's thread, in a class (PostgreSQL)",
+    )
     parser.add_argument("--part", choices=["writer", "histogram"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part == "writer":
@@ -332,6 +383,8 @@ def main() -> None:
     finally:
         with psycopg.connect(f"{args.postgres}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if args.handed_over:
+        return
     with tempfile.TemporaryDirectory(prefix="answer-end-") as folder:
         part("writer", args, {"CHATSITE_SQLITE_PATH": str(Path(folder) / "writes.sqlite3")})
         part("histogram", args, {})

@@ -16,7 +16,12 @@ call for a query this long.
 The parts see the tables as they were before the statement: a conversation inserted by it is not
 touched by its UPDATE (its ``updated_at`` is set as it is inserted). A message may come in the
 same statement as its new conversation: Django's foreign keys on PostgreSQL are checked when the
-transaction ends (``DEFERRABLE INITIALLY DEFERRED``).
+transaction ends (``DEFERRABLE INITIALLY DEFERRED``). A foreign key the database empties when its
+target is deleted (``SET_NULL``: a new conversation's class) goes in through a subquery that
+gives NULL where the target is gone (``_set_null_checks``): the row is stored as it would have
+been had it been there when its target was deleted, in the same statement, where a query of its
+own would cost the batch a round trip and an ORM query more (``table_writes.classes_gone``,
+SQLite's way).
 """
 
 import functools
@@ -30,7 +35,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from assistant.models import Conversation, Message, StreamRecord
-from assistant.services.table_rows import Row, insert_columns, insert_head, insert_values
+from assistant.services.table_rows import (
+    Column,
+    Row,
+    insert_columns,
+    insert_head,
+    insert_values,
+)
 
 #: PostgreSQL's limit on a statement's parameters (their count is a 16-bit integer).
 MAX_PARAMS = 65535
@@ -53,19 +64,53 @@ def _insert(
     """``INSERT INTO table (...) VALUES ($n, ...), ...`` for ``objs``; their values are added to
     ``params``."""
     fields, head = insert_head(model, objs, connection)
+    checks = _set_null_checks(model, fields, connection)
     rows = []
     for values in insert_values(fields, objs, connection):
         start = len(params)
         params.extend(values)
-        rows.append(_placeholders(start, len(values)))
+        rows.append(_placeholders(start, len(values), checks))
     return f"{head} VALUES {', '.join(rows)}"
 
 
+#: A row's value checked against its target: where it goes, and the subquery it goes through.
+type Checks = tuple[tuple[int, str], ...]
+
+#: ``_set_null_checks`` by model, vendor and number of columns (which says whether the auto
+#: primary key is among them): the same few for the life of the process.
+_checks: dict[tuple[type[models.Model], str, int], Checks] = {}
+
+
+def _set_null_checks(
+    model: type[models.Model], columns: tuple[Column, ...], connection: BaseDatabaseWrapper
+) -> Checks:
+    """The foreign keys among ``columns`` that the database sets to NULL when their target is
+    deleted: each one's position, and ``(SELECT key FROM target WHERE key = {})``, which gives
+    the value where the target is there and NULL where it is not."""
+    key = (model, connection.vendor, len(columns))
+    checks = _checks.get(key)
+    if checks is None:
+        quote = connection.ops.quote_name
+        found = []
+        for position, column in enumerate(columns):
+            field = column.field
+            if field.is_relation and field.remote_field.on_delete is models.SET_NULL:
+                target = quote(field.target_field.column)
+                table = quote(field.related_model._meta.db_table)
+                found.append((position, f"(SELECT {target} FROM {table} WHERE {target} = {{}})"))
+        checks = _checks[key] = tuple(found)
+    return checks
+
+
 @functools.lru_cache(maxsize=1024)
-def _placeholders(start: int, count: int) -> str:
-    """``($start+1, ..., $start+count)``: one row's. A batch's rows start where the rows before
-    them end, so the same few come back batch after batch."""
-    return "(" + ", ".join(f"${i}" for i in range(start + 1, start + count + 1)) + ")"
+def _placeholders(start: int, count: int, checks: Checks = ()) -> str:
+    """``($start+1, ..., $start+count)``: one row's, each of ``checks``' values through its
+    subquery. A batch's rows start where the rows before them end, so the same few come back
+    batch after batch."""
+    marks = [f"${i}" for i in range(start + 1, start + count + 1)]
+    for position, check in checks:
+        marks[position] = check.format(marks[position])
+    return "(" + ", ".join(marks) + ")"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,27 +33,21 @@ from django.db import (
     InterfaceError,
     OperationalError,
     connections,
-    models,
     router,
     transaction,
 )
-from django.db.models import Subquery
 from django.utils import timezone
 
 from assistant import metrics
 from assistant.db import run_db_write
 from assistant.ids import ordered_uuid
-from assistant.models import Classroom, Conversation, Message, StreamRecord
+from assistant.models import Message
 from assistant.services.answer_registry import answers_running_count
 from assistant.services.background import failure_taken
-from assistant.services.batch_statement import (
-    Tables,
-    batch_statement,
-    batch_statement_run,
-    touch_parts,
-)
+from assistant.services.batch_statement import Tables, batch_statement, batch_statement_run
 from assistant.services.deleted_marks import deleted_dropped
-from assistant.services.table_rows import Row, insert_head, insert_values
+from assistant.services.table_rows import Row
+from assistant.services.table_writes import classes_gone, messages_replace, tables_write
 from assistant.services.traffic_sums import spans_invalidate
 
 logger = logging.getLogger(__name__)
@@ -98,59 +92,6 @@ def records_renamed(rows: Rows) -> bool:
     return True
 
 
-def insert_many(model: type[models.Model], objs: list[Row]) -> None:
-    """INSERT the rows ``objs`` of ``model`` with one prepared statement, as ``bulk_create``
-    would store them (SQLite's writer, and PostgreSQL's for a batch too large for one
-    statement: ``batch_statement``).
-
-    ``bulk_create`` compiles its SQL anew on every call, which costs more CPU than SQLite or
-    PostgreSQL spend storing a row. Values are prepared the same way (``table_rows``); no
-    signals are sent, as with ``bulk_create``.
-    """
-    connection = connections[router.db_for_write(model)]
-    fields, head = insert_head(model, objs, connection)
-    placeholders = ", ".join(["%s"] * len(fields))
-    sql = f"{head} VALUES ({placeholders})"
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, insert_values(fields, objs, connection))
-
-
-def conversations_touch(ids: set[uuid.UUID]) -> None:
-    """``UPDATE ... SET updated_at = now WHERE id IN ids``, prepared like ``insert_many``."""
-    connection = connections[router.db_for_write(Conversation)]
-    touch = touch_parts(ids, connection)
-    placeholders = ", ".join(["%s"] * len(touch.ids))
-    sql = f"UPDATE {touch.table} SET {touch.column} = %s WHERE {touch.key} IN ({placeholders})"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [touch.now, *touch.ids])
-
-
-def messages_replace(*, conversation_id: uuid.UUID, first: uuid.UUID, keep: uuid.UUID) -> None:
-    """Set aside message ``first`` of the conversation and every message after it but ``keep``
-    (an edited or regenerated question, and its replacement): kept, with the time they were
-    replaced. Run after the batch's inserts, so that the replaced question's own answer is set
-    aside too when it is stored in the same batch as its replacement."""
-    since = Message.objects.filter(id=first, conversation_id=conversation_id).values("created_at")
-    Message.objects.filter(
-        conversation_id=conversation_id,
-        replaced_at__isnull=True,
-        created_at__gte=Subquery(since[:1]),
-    ).exclude(id=keep).update(replaced_at=timezone.now())
-
-
-def classes_gone(conversations: list[Row]) -> None:
-    """New conversations whose class was deleted since the question was asked are stored in no
-    class, as the class's others were (``SET_NULL``), rather than refused with what was said.
-    One query, only when some conversation has a class."""
-    wanted = {c["classroom_id"] for c in conversations if c.get("classroom_id") is not None}
-    if not wanted:
-        return
-    existing = set(Classroom.objects.filter(id__in=wanted).values_list("id", flat=True))
-    for conversation in conversations:
-        if conversation.get("classroom_id") not in existing:
-            conversation["classroom_id"] = None
-
-
 def rows_write(batch: list[Rows]) -> None:
     """Synchronous (ORM): store ``batch`` in one transaction. On PostgreSQL that is one
     statement, run in one round trip (``batch_statement``); on SQLite, one statement per
@@ -162,9 +103,10 @@ def rows_write(batch: list[Rows]) -> None:
         records=[r for rows in batch for r in rows.records],
     )
     replaced = [row for rows in batch for row in rows.replaced]
-    classes_gone(tables.conversations)
     connection = connections[router.db_for_write(Message)]
     statement = batch_statement(tables, connection) if connection.vendor == "postgresql" else None
+    if statement is None:
+        classes_gone(tables.conversations)  # the statement checks them itself
     if statement is not None and not replaced and not connection.in_atomic_block:
         batch_statement_run(statement, connection)  # a transaction of its own
     else:
@@ -174,23 +116,11 @@ def rows_write(batch: list[Rows]) -> None:
             if statement is not None:
                 batch_statement_run(statement, connection)
             else:
-                _tables_write(tables)
+                tables_write(tables)
             for conversation_id, first, keep in replaced:
                 messages_replace(conversation_id=conversation_id, first=first, keep=keep)
     if tables.records:
         spans_invalidate((r["created_at"] for r in tables.records), now=timezone.now())
-
-
-def _tables_write(tables: Tables) -> None:
-    """One statement per table, in the caller's transaction."""
-    if tables.conversations:
-        insert_many(Conversation, tables.conversations)
-    if tables.messages:
-        insert_many(Message, tables.messages)
-    if tables.touch:
-        conversations_touch(tables.touch)
-    if tables.records:
-        insert_many(StreamRecord, tables.records)
 
 
 class GroupWriter:

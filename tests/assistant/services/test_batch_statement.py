@@ -13,8 +13,9 @@ from django.db import IntegrityError, connection
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from assistant.models import Conversation, Message, StreamRecord
+from assistant.models import Classroom, Conversation, Message, StreamRecord
 from assistant.services import batch_statement as statements
+from assistant.services.classrooms import join_code_new
 from assistant.services.persistence import Rows, rows_write
 from assistant.services.table_rows import insert_columns
 from tests.support import row_of
@@ -171,6 +172,31 @@ def test_a_message_of_a_missing_conversation_is_refused_with_its_batch() -> None
     with pytest.raises(IntegrityError):
         rows_write([*exchange("r-with-orphan"), Rows(messages=[row_of(orphan)])])
     assert not Message.objects.exists() and not StreamRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_whose_class_was_deleted_is_stored_in_none(
+    raw_statements: list[str],
+) -> None:
+    """A class deleted while its student's question was answered: the new conversation is
+    stored in no class, as the class's other conversations were (``SET_NULL``), and another's
+    class is kept. On PostgreSQL the statement checks it itself, in its one round trip; on
+    SQLite a query looks first."""
+    kept = Classroom.objects.create(name="kept", join_code=join_code_new())
+    gone = Classroom.objects.create(name="gone", join_code=join_code_new())
+    gone_id = gone.id
+    gone.delete()
+    in_kept, in_gone = exchange("r-kept"), exchange("r-gone")
+    in_kept[0].conversations[0]["classroom_id"] = kept.id
+    in_gone[0].conversations[0]["classroom_id"] = gone_id
+    with CaptureQueriesContext(connection) as queries:
+        rows_write(in_kept + in_gone)
+    table = connection.ops.quote_name(Classroom._meta.db_table)
+    looked = [q["sql"] for q in queries.captured_queries if f"FROM {table}" in q["sql"]]
+    assert (len(looked), len(raw_statements)) == ((0, 1) if POSTGRES else (1, 0))
+    assert Conversation.objects.get(pk=in_kept[0].conversations[0]["id"]).classroom_id == kept.id
+    assert Conversation.objects.get(pk=in_gone[0].conversations[0]["id"]).classroom_id is None
+    assert Message.objects.count() == 4 and StreamRecord.objects.count() == 2
 
 
 def test_each_batch_names_the_columns_its_rows_give() -> None:
